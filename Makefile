@@ -1,0 +1,85 @@
+# gpuwarden: `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := build
+
+GO      ?= go
+CC      ?= gcc
+BIN     := bin
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+CFLAGS  := -std=gnu11 -O2 -g -fPIC -Wall -Wextra -Werror -fvisibility=hidden -pthread
+GOFLAGS_LD := -ldflags "-X main.version=$(VERSION)"
+DURATION ?= 20s
+
+SIMGPU_STATE_SRC := simgpu/state/state.c simgpu/state/state.h
+SIMGPU_CUDA_SRC  := $(wildcard simgpu/cuda/*.c) $(wildcard simgpu/cuda/*.h) simgpu/include/cuda.h
+SIMGPU_NVML_SRC  := $(wildcard simgpu/nvml/*.c) $(wildcard simgpu/nvml/*.h) simgpu/include/nvml.h
+GO_SRC           := $(shell find . -name '*.go' -not -path './bin/*') go.mod go.sum
+
+##@ Build
+
+.PHONY: build
+build: deps-build $(BIN)/gpuwarden simgpu ## Build everything into bin/
+
+.PHONY: simgpu
+simgpu: $(BIN)/simgpu/libcuda.so.1 $(BIN)/simgpu/libnvidia-ml.so.1 $(BIN)/simgpu/workload $(BIN)/simgpu/cuda-check ## Build the simulated GPU and its programs
+
+$(BIN)/gpuwarden: $(GO_SRC)
+	@mkdir -p $(@D)
+	$(GO) build $(GOFLAGS_LD) -o $@ ./cmd/gpuwarden
+
+$(BIN)/simgpu/libcuda.so.1: $(SIMGPU_CUDA_SRC) $(SIMGPU_STATE_SRC)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -Isimgpu/include -Isimgpu/state -shared -Wl,-soname,libcuda.so.1 -o $@ \
+		$(filter %.c,$^)
+
+$(BIN)/simgpu/libnvidia-ml.so.1: $(SIMGPU_NVML_SRC) $(SIMGPU_STATE_SRC)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -Isimgpu/include -Isimgpu/state -shared -Wl,-soname,libnvidia-ml.so.1 -o $@ \
+		$(filter %.c,$^)
+
+$(BIN)/simgpu/workload: simgpu/workload/workload.c simgpu/include/cuda.h $(BIN)/simgpu/libcuda.so.1
+	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -Werror -pthread -Isimgpu/include -o $@ $< \
+		-L$(BIN)/simgpu -l:libcuda.so.1 -ldl -Wl,-rpath,'$$ORIGIN'
+
+$(BIN)/simgpu/cuda-check: simgpu/tests/cuda_check.c simgpu/include/cuda.h $(BIN)/simgpu/libcuda.so.1
+	$(CC) -std=gnu11 -O1 -g -Wall -Wextra -Werror -pthread -Isimgpu/include -o $@ $< \
+		-L$(BIN)/simgpu -l:libcuda.so.1 -ldl -Wl,-rpath,'$$ORIGIN'
+
+.PHONY: generate
+generate: deps-generate ## Regenerate generated code (eBPF objects, bindings)
+	$(GO) generate ./...
+
+##@ Test
+
+.PHONY: test
+test: deps-test build ## Run every Go and C test (privileged tests need root)
+	$(GO) vet ./...
+	$(GO) test -count=1 -timeout 15m ./...
+
+.PHONY: bench
+bench: build ## Print benchmark figures as BENCH lines
+	$(BIN)/gpuwarden bench
+
+.PHONY: demo
+demo: build ## Run the demo on the simulated GPU (DURATION=20s)
+	$(BIN)/gpuwarden demo --duration $(DURATION)
+
+##@ Dependencies
+
+.PHONY: deps-build deps-test deps-generate
+deps-build:
+	@.ci/deps.sh build
+deps-test:
+	@.ci/deps.sh test
+deps-generate:
+	@.ci/deps.sh generate
+
+##@ Other
+
+.PHONY: clean
+clean: ## Remove build outputs
+	rm -rf $(BIN)
+
+.PHONY: help
+help: ## Show this help
+	@awk 'BEGIN {FS = ":.*##"; printf "Usage: make <target>\n"} /^[a-zA-Z_0-9\/.-]+:.*?##/ { printf "  %-14s %s\n", $$1, $$2 } /^##@/ { printf "\n%s\n", substr($$0, 5) }' $(MAKEFILE_LIST)

@@ -1,0 +1,181 @@
+/* Contexts: each thread has a stack of them, the top one is current. */
+#include <stdlib.h>
+
+#include "internal.h"
+
+#define SG_CTX_STACK 16
+
+static __thread struct CUctx_st *tl_stack[SG_CTX_STACK];
+static __thread int tl_depth;
+
+static pthread_mutex_t g_primary_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct CUctx_st *g_primary[SG_MAX_DEVICES];
+
+int sg_ctx_valid(struct CUctx_st *c) { return c && c->magic == SG_MAGIC_CTX; }
+
+CUresult sg_current(struct CUctx_st **ctx) {
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    struct CUctx_st *c = tl_depth ? tl_stack[tl_depth - 1] : NULL;
+    if (!sg_ctx_valid(c)) return CUDA_ERROR_INVALID_CONTEXT;
+    *ctx = c;
+    return CUDA_SUCCESS;
+}
+
+static CUresult ctx_new(int dev, int primary, struct CUctx_st **out) {
+    struct sg_state *s = sg_ready();
+    if (!s) return CUDA_ERROR_NOT_INITIALIZED;
+    if (dev < 0 || (uint32_t)dev >= s->ndev) return CUDA_ERROR_INVALID_DEVICE;
+    /* A context holds device memory of its own, as a real one does. */
+    if (!sg_mem_charge(s, dev, SG_CONTEXT_BYTES)) return CUDA_ERROR_OUT_OF_MEMORY;
+    struct CUctx_st *c = calloc(1, sizeof *c);
+    if (!c) {
+        sg_mem_uncharge(s, dev, SG_CONTEXT_BYTES);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    c->magic = SG_MAGIC_CTX;
+    c->dev = dev;
+    c->primary = primary;
+    c->refs = 1;
+    pthread_mutex_init(&c->mu, NULL);
+    c->null_stream = sg_stream_new(c);
+    if (!c->null_stream) {
+        free(c);
+        sg_mem_uncharge(s, dev, SG_CONTEXT_BYTES);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    atomic_fetch_add(&sg_proc_self(s)->contexts[dev], 1);
+    *out = c;
+    return CUDA_SUCCESS;
+}
+
+static void ctx_free(struct CUctx_st *c) {
+    struct sg_state *s = sg_ready();
+    pthread_mutex_lock(&c->mu);
+    struct CUstream_st *st = c->streams;
+    c->streams = NULL;
+    pthread_mutex_unlock(&c->mu);
+    while (st) {
+        struct CUstream_st *next = st->next;
+        sg_stream_free(st);
+        st = next;
+    }
+    sg_stream_free(c->null_stream);
+    sg_free_ctx(c);
+    c->magic = 0;
+    sg_mem_uncharge(s, c->dev, SG_CONTEXT_BYTES);
+    atomic_fetch_sub(&sg_proc_self(s)->contexts[c->dev], 1);
+    for (int i = 0; i < tl_depth; i++)
+        if (tl_stack[i] == c) tl_stack[i] = NULL;
+    free(c);
+}
+
+SG_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
+    (void)flags;
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    if (tl_depth == SG_CTX_STACK) return CUDA_ERROR_INVALID_VALUE;
+    struct CUctx_st *c;
+    CUresult rc = ctx_new(dev, 0, &c);
+    if (rc) return rc;
+    tl_stack[tl_depth++] = c;
+    *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+SG_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!sg_ctx_valid(ctx) || ctx->primary) return CUDA_ERROR_INVALID_CONTEXT;
+    /* popped from this thread's stack if it is on top */
+    if (tl_depth && tl_stack[tl_depth - 1] == ctx) tl_depth--;
+    ctx_free(ctx);
+    return CUDA_SUCCESS;
+}
+
+SG_EXPORT CUresult cuCtxSetCurrent(CUcontext ctx) {
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (ctx && !sg_ctx_valid(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!ctx) {
+        if (tl_depth) tl_depth--;
+        return CUDA_SUCCESS;
+    }
+    if (tl_depth == 0) tl_depth = 1;
+    tl_stack[tl_depth - 1] = ctx;
+    return CUDA_SUCCESS;
+}
+
+SG_EXPORT CUresult cuCtxGetCurrent(CUcontext *pctx) {
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    *pctx = tl_depth ? tl_stack[tl_depth - 1] : NULL;
+    return CUDA_SUCCESS;
+}
+
+SG_EXPORT CUresult cuCtxPushCurrent_v2(CUcontext ctx) {
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!sg_ctx_valid(ctx)) return CUDA_ERROR_INVALID_CONTEXT;
+    if (tl_depth == SG_CTX_STACK) return CUDA_ERROR_INVALID_VALUE;
+    tl_stack[tl_depth++] = ctx;
+    return CUDA_SUCCESS;
+}
+
+SG_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx) {
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!tl_depth) return CUDA_ERROR_INVALID_CONTEXT;
+    struct CUctx_st *c = tl_stack[--tl_depth];
+    if (pctx) *pctx = c;
+    return CUDA_SUCCESS;
+}
+
+SG_EXPORT CUresult cuCtxGetDevice(CUdevice *device) {
+    struct CUctx_st *c;
+    CUresult rc = sg_current(&c);
+    if (rc) return rc;
+    if (!device) return CUDA_ERROR_INVALID_VALUE;
+    *device = c->dev;
+    return CUDA_SUCCESS;
+}
+
+SG_EXPORT CUresult cuCtxSynchronize(void) {
+    struct CUctx_st *c;
+    CUresult rc = sg_current(&c);
+    if (rc) return rc;
+    if ((rc = sg_stream_sync(c->null_stream))) return rc;
+    pthread_mutex_lock(&c->mu);
+    for (struct CUstream_st *st = c->streams; st && !rc; st = st->next) rc = sg_stream_sync(st);
+    pthread_mutex_unlock(&c->mu);
+    return rc;
+}
+
+SG_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
+    struct sg_state *s = sg_ready();
+    if (!s) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    if (dev < 0 || (uint32_t)dev >= s->ndev) return CUDA_ERROR_INVALID_DEVICE;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&g_primary_mu);
+    if (g_primary[dev]) {
+        g_primary[dev]->refs++;
+    } else {
+        rc = ctx_new(dev, 1, &g_primary[dev]);
+    }
+    if (!rc) *pctx = g_primary[dev];
+    pthread_mutex_unlock(&g_primary_mu);
+    return rc;
+}
+
+SG_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
+    struct sg_state *s = sg_ready();
+    if (!s) return CUDA_ERROR_NOT_INITIALIZED;
+    if (dev < 0 || (uint32_t)dev >= s->ndev) return CUDA_ERROR_INVALID_DEVICE;
+    CUresult rc = CUDA_SUCCESS;
+    pthread_mutex_lock(&g_primary_mu);
+    struct CUctx_st *c = g_primary[dev];
+    if (!c) {
+        rc = CUDA_ERROR_INVALID_CONTEXT;
+    } else if (--c->refs == 0) {
+        g_primary[dev] = NULL;
+        ctx_free(c);
+    }
+    pthread_mutex_unlock(&g_primary_mu);
+    return rc;
+}

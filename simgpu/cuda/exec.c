@@ -1,0 +1,427 @@
+/* Streams, events, launches, modules and graphs. Each stream has a worker
+ * thread that runs its work in order; kernels take turns on the device's
+ * execution engine (state.c), across all processes. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+static void run_op(struct CUstream_st *st, struct sg_op *op) {
+    switch (op->kind) {
+    case SG_OP_KERNEL: sg_exec_kernel(sg_ready(), st->ctx->dev, op->arg); break;
+    case SG_OP_EVENT:
+        atomic_store(&op->event->at_ns, sg_now_ns());
+        atomic_fetch_add(&op->event->completed, 1);
+        break;
+    case SG_OP_FREE: sg_free(op->arg); break;
+    }
+}
+
+static void *worker(void *arg) {
+    struct CUstream_st *st = arg;
+    pthread_mutex_lock(&st->mu);
+    for (;;) {
+        while (st->head == st->tail && !st->stopping) pthread_cond_wait(&st->cv, &st->mu);
+        if (st->head == st->tail) break;
+        struct sg_op op = st->ops[st->head % SG_QUEUE_LEN];
+        st->running = 1;
+        pthread_mutex_unlock(&st->mu);
+        run_op(st, &op);
+        pthread_mutex_lock(&st->mu);
+        st->head++;
+        st->running = 0;
+        pthread_cond_broadcast(&st->cv);
+    }
+    pthread_mutex_unlock(&st->mu);
+    return NULL;
+}
+
+struct CUstream_st *sg_stream_new(struct CUctx_st *ctx) {
+    struct CUstream_st *st = calloc(1, sizeof *st);
+    if (!st) return NULL;
+    st->magic = SG_MAGIC_STREAM;
+    st->ctx = ctx;
+    pthread_mutex_init(&st->mu, NULL);
+    pthread_cond_init(&st->cv, NULL);
+    return st;
+}
+
+void sg_stream_free(struct CUstream_st *st) {
+    pthread_mutex_lock(&st->mu);
+    st->stopping = 1;
+    pthread_cond_broadcast(&st->cv);
+    int started = st->worker_started;
+    pthread_mutex_unlock(&st->mu);
+    if (started) pthread_join(st->worker, NULL); /* it drains the queue first */
+    st->magic = 0;
+    free(st->captured);
+    free(st);
+}
+
+CUresult sg_stream_resolve(CUstream h, struct CUstream_st **out) {
+    if (h == NULL || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD) {
+        struct CUctx_st *c;
+        CUresult rc = sg_current(&c);
+        if (rc) return rc;
+        *out = c->null_stream;
+        return CUDA_SUCCESS;
+    }
+    if (h->magic != SG_MAGIC_STREAM || !sg_ctx_valid(h->ctx)) return CUDA_ERROR_INVALID_HANDLE;
+    *out = h;
+    return CUDA_SUCCESS;
+}
+
+CUresult sg_stream_push(struct CUstream_st *st, struct sg_op op) {
+    pthread_mutex_lock(&st->mu);
+    if (!st->worker_started) {
+        if (pthread_create(&st->worker, NULL, worker, st) != 0) {
+            pthread_mutex_unlock(&st->mu);
+            return CUDA_ERROR_OUT_OF_MEMORY;
+        }
+        st->worker_started = 1;
+    }
+    while (st->tail - st->head == SG_QUEUE_LEN) pthread_cond_wait(&st->cv, &st->mu);
+    st->ops[st->tail % SG_QUEUE_LEN] = op;
+    st->tail++;
+    pthread_cond_broadcast(&st->cv);
+    pthread_mutex_unlock(&st->mu);
+    return CUDA_SUCCESS;
+}
+
+CUresult sg_stream_sync(struct CUstream_st *st) {
+    pthread_mutex_lock(&st->mu);
+    int capturing = st->capturing;
+    while (!capturing && st->head != st->tail) pthread_cond_wait(&st->cv, &st->mu);
+    pthread_mutex_unlock(&st->mu);
+    return capturing ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+SG_EXPORT CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) {
+    struct CUctx_st *c;
+    CUresult rc = sg_current(&c);
+    if (rc) return rc;
+    if (!phStream || Flags > 1) return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *st = sg_stream_new(c);
+    if (!st) return CUDA_ERROR_OUT_OF_MEMORY;
+    pthread_mutex_lock(&c->mu);
+    st->next = c->streams;
+    c->streams = st;
+    pthread_mutex_unlock(&c->mu);
+    *phStream = st;
+    return CUDA_SUCCESS;
+}
+
+SG_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream) {
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!hStream || hStream == CU_STREAM_LEGACY || hStream == CU_STREAM_PER_THREAD ||
+        hStream->magic != SG_MAGIC_STREAM || !sg_ctx_valid(hStream->ctx))
+        return CUDA_ERROR_INVALID_HANDLE;
+    struct CUctx_st *c = hStream->ctx;
+    pthread_mutex_lock(&c->mu);
+    struct CUstream_st **pp = &c->streams;
+    while (*pp && *pp != hStream) pp = &(*pp)->next;
+    if (*pp) *pp = hStream->next;
+    pthread_mutex_unlock(&c->mu);
+    sg_stream_free(hStream);
+    return CUDA_SUCCESS;
+}
+
+SG_EXPORT CUresult cuStreamSynchronize(CUstream hStream) {
+    struct CUstream_st *st;
+    CUresult rc = sg_stream_resolve(hStream, &st);
+    return rc ? rc : sg_stream_sync(st);
+}
+
+SG_EXPORT CUresult cuStreamQuery(CUstream hStream) {
+    struct CUstream_st *st;
+    CUresult rc = sg_stream_resolve(hStream, &st);
+    if (rc) return rc;
+    pthread_mutex_lock(&st->mu);
+    int idle = st->head == st->tail;
+    pthread_mutex_unlock(&st->mu);
+    return idle ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+SG_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
+    struct CUctx_st *c;
+    CUresult rc = sg_current(&c);
+    if (rc) return rc;
+    if (!phEvent || Flags > 0xf) return CUDA_ERROR_INVALID_VALUE;
+    struct CUevent_st *e = calloc(1, sizeof *e);
+    if (!e) return CUDA_ERROR_OUT_OF_MEMORY;
+    e->magic = SG_MAGIC_EVENT;
+    e->flags = Flags;
+    *phEvent = e;
+    return CUDA_SUCCESS;
+}
+
+static int event_valid(CUevent e) { return e && e->magic == SG_MAGIC_EVENT; }
+
+SG_EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!event_valid(hEvent)) return CUDA_ERROR_INVALID_HANDLE;
+    struct CUstream_st *st;
+    CUresult rc = sg_stream_resolve(hStream, &st);
+    if (rc) return rc;
+    if (st->capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    hEvent->stream = st;
+    atomic_fetch_add(&hEvent->recorded, 1);
+    return sg_stream_push(st, (struct sg_op){.kind = SG_OP_EVENT, .event = hEvent});
+}
+
+SG_EXPORT CUresult cuEventQuery(CUevent hEvent) {
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!event_valid(hEvent)) return CUDA_ERROR_INVALID_HANDLE;
+    return atomic_load(&hEvent->completed) == atomic_load(&hEvent->recorded) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+SG_EXPORT CUresult cuEventSynchronize(CUevent hEvent) {
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!event_valid(hEvent)) return CUDA_ERROR_INVALID_HANDLE;
+    struct CUstream_st *st = hEvent->stream;
+    if (!st) return CUDA_SUCCESS; /* never recorded: nothing to wait for */
+    uint64_t target = atomic_load(&hEvent->recorded);
+    pthread_mutex_lock(&st->mu);
+    while (atomic_load(&hEvent->completed) < target) pthread_cond_wait(&st->cv, &st->mu);
+    pthread_mutex_unlock(&st->mu);
+    return CUDA_SUCCESS;
+}
+
+SG_EXPORT CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd) {
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!pMilliseconds) return CUDA_ERROR_INVALID_VALUE;
+    if (!event_valid(hStart) || !event_valid(hEnd)) return CUDA_ERROR_INVALID_HANDLE;
+    if ((hStart->flags | hEnd->flags) & SG_EVENT_DISABLE_TIMING) return CUDA_ERROR_INVALID_HANDLE;
+    if (!atomic_load(&hStart->recorded) || !atomic_load(&hEnd->recorded)) return CUDA_ERROR_INVALID_HANDLE;
+    if (cuEventQuery(hStart) || cuEventQuery(hEnd)) return CUDA_ERROR_NOT_READY;
+    int64_t ns = (int64_t)(atomic_load(&hEnd->at_ns) - atomic_load(&hStart->at_ns));
+    *pMilliseconds = (float)((double)ns / 1e6);
+    return CUDA_SUCCESS;
+}
+
+SG_EXPORT CUresult cuEventDestroy_v2(CUevent hEvent) {
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!event_valid(hEvent)) return CUDA_ERROR_INVALID_HANDLE;
+    cuEventSynchronize(hEvent); /* a queued record must not touch freed memory */
+    hEvent->magic = 0;
+    free(hEvent);
+    return CUDA_SUCCESS;
+}
+
+SG_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {
+    struct CUctx_st *c;
+    CUresult rc = sg_current(&c);
+    if (rc) return rc;
+    if (!module || !image) return CUDA_ERROR_INVALID_VALUE;
+    struct CUmod_st *m = calloc(1, sizeof *m);
+    if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
+    m->magic = SG_MAGIC_MODULE;
+    pthread_mutex_init(&m->mu, NULL);
+    *module = m;
+    return CUDA_SUCCESS;
+}
+
+SG_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!hfunc || !name) return CUDA_ERROR_INVALID_VALUE;
+    if (!hmod || hmod->magic != SG_MAGIC_MODULE) return CUDA_ERROR_INVALID_HANDLE;
+    struct CUfunc_st *f = calloc(1, sizeof *f);
+    if (!f) return CUDA_ERROR_OUT_OF_MEMORY;
+    f->magic = SG_MAGIC_FUNC;
+    strncpy(f->name, name, sizeof f->name - 1);
+    pthread_mutex_lock(&hmod->mu);
+    f->next = hmod->funcs;
+    hmod->funcs = f;
+    pthread_mutex_unlock(&hmod->mu);
+    *hfunc = f;
+    return CUDA_SUCCESS;
+}
+
+SG_EXPORT CUresult cuModuleUnload(CUmodule hmod) {
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!hmod || hmod->magic != SG_MAGIC_MODULE) return CUDA_ERROR_INVALID_HANDLE;
+    hmod->magic = 0;
+    for (struct CUfunc_st *f = hmod->funcs, *next; f; f = next) {
+        next = f->next;
+        f->magic = 0;
+        free(f);
+    }
+    free(hmod);
+    return CUDA_SUCCESS;
+}
+
+/* A simulated kernel runs for its first parameter's nanoseconds. */
+static uint64_t kernel_duration(void **kernelParams, void **extra) {
+    if (kernelParams) return kernelParams[0] ? *(const uint64_t *)kernelParams[0] : 0;
+    const void *buf = NULL;
+    size_t size = 0;
+    for (int i = 0; extra && extra[i] != CU_LAUNCH_PARAM_END && i < 16; i += 2) {
+        if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) buf = extra[i + 1];
+        if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1]) size = *(const size_t *)extra[i + 1];
+    }
+    uint64_t ns = 0;
+    if (buf && size >= sizeof ns) memcpy(&ns, buf, sizeof ns);
+    return ns;
+}
+
+static CUresult capture_add(struct CUstream_st *st, uint64_t ns) {
+    if (st->ncaptured == st->capcap) {
+        size_t cap = st->capcap ? st->capcap * 2 : 16;
+        uint64_t *p = realloc(st->captured, cap * sizeof *p);
+        if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
+        st->captured = p;
+        st->capcap = cap;
+    }
+    st->captured[st->ncaptured++] = ns;
+    return CUDA_SUCCESS;
+}
+
+static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
+                       unsigned bz, CUstream hStream, void **kernelParams, void **extra) {
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!f || f->magic != SG_MAGIC_FUNC) return CUDA_ERROR_INVALID_HANDLE;
+    if (!gx || !gy || !gz || !bx || !by || !bz || (uint64_t)bx * by * bz > 1024) return CUDA_ERROR_INVALID_VALUE;
+    if (kernelParams && extra) return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *st;
+    CUresult rc = sg_stream_resolve(hStream, &st);
+    if (rc) return rc;
+    uint64_t ns = kernel_duration(kernelParams, extra);
+    if (st->capturing) return capture_add(st, ns);
+    return sg_stream_push(st, (struct sg_op){.kind = SG_OP_KERNEL, .arg = ns});
+}
+
+SG_EXPORT CUresult cuLaunchKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
+                                  unsigned int by, unsigned int bz, unsigned int sharedMemBytes, CUstream hStream,
+                                  void **kernelParams, void **extra) {
+    (void)sharedMemBytes;
+    return launch(f, gx, gy, gz, bx, by, bz, hStream, kernelParams, extra);
+}
+
+SG_EXPORT CUresult cuLaunchKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                       unsigned int bx, unsigned int by, unsigned int bz, unsigned int sharedMemBytes,
+                                       CUstream hStream, void **kernelParams, void **extra) {
+    (void)sharedMemBytes;
+    return launch(f, gx, gy, gz, bx, by, bz, hStream, kernelParams, extra);
+}
+
+SG_EXPORT CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra) {
+    if (!config) return CUDA_ERROR_INVALID_VALUE;
+    return launch(f, config->gridDimX, config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY,
+                  config->blockDimZ, config->hStream, kernelParams, extra);
+}
+
+SG_EXPORT CUresult cuLaunchKernelEx_ptsz(const CUlaunchConfig *config, CUfunction f, void **kernelParams,
+                                         void **extra) {
+    return cuLaunchKernelEx(config, f, kernelParams, extra);
+}
+
+SG_EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                             unsigned int bx, unsigned int by, unsigned int bz,
+                                             unsigned int sharedMemBytes, CUstream hStream, void **kernelParams) {
+    (void)sharedMemBytes;
+    return launch(f, gx, gy, gz, bx, by, bz, hStream, kernelParams, NULL);
+}
+
+SG_EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned int gx, unsigned int gy, unsigned int gz,
+                                                  unsigned int bx, unsigned int by, unsigned int bz,
+                                                  unsigned int sharedMemBytes, CUstream hStream,
+                                                  void **kernelParams) {
+    (void)sharedMemBytes;
+    return launch(f, gx, gy, gz, bx, by, bz, hStream, kernelParams, NULL);
+}
+
+SG_EXPORT CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (mode > CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *st;
+    CUresult rc = sg_stream_resolve(hStream, &st);
+    if (rc) return rc;
+    if (st == st->ctx->null_stream) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* the legacy stream */
+    if (st->capturing) return CUDA_ERROR_INVALID_VALUE; /* already capturing */
+    st->capturing = 1;
+    st->ncaptured = 0;
+    return CUDA_SUCCESS;
+}
+
+static CUresult copy_kernels(const uint64_t *src, size_t n, uint64_t **dst) {
+    *dst = malloc((n ? n : 1) * sizeof **dst);
+    if (!*dst) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (n) memcpy(*dst, src, n * sizeof **dst);
+    return CUDA_SUCCESS;
+}
+
+SG_EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!phGraph) return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *st;
+    CUresult rc = sg_stream_resolve(hStream, &st);
+    if (rc) return rc;
+    if (!st->capturing) return CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
+    st->capturing = 0;
+    struct CUgraph_st *g = calloc(1, sizeof *g);
+    if (!g || copy_kernels(st->captured, st->ncaptured, &g->kernels)) {
+        free(g);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    g->magic = SG_MAGIC_GRAPH;
+    g->n = st->ncaptured;
+    *phGraph = g;
+    return CUDA_SUCCESS;
+}
+
+SG_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags) {
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!phGraphExec || flags > 0xf) return CUDA_ERROR_INVALID_VALUE;
+    if (!hGraph || hGraph->magic != SG_MAGIC_GRAPH) return CUDA_ERROR_INVALID_VALUE;
+    struct CUgraphExec_st *x = calloc(1, sizeof *x);
+    if (!x || copy_kernels(hGraph->kernels, hGraph->n, &x->kernels)) {
+        free(x);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    x->magic = SG_MAGIC_EXEC;
+    x->n = hGraph->n;
+    *phGraphExec = x;
+    return CUDA_SUCCESS;
+}
+
+SG_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph, CUgraphNode *phErrorNode,
+                                         char *logBuffer, size_t bufferSize) {
+    (void)phErrorNode;
+    if (logBuffer && bufferSize) logBuffer[0] = 0;
+    return cuGraphInstantiateWithFlags(phGraphExec, hGraph, 0);
+}
+
+static CUresult graph_launch(CUgraphExec x, CUstream hStream) {
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!x || x->magic != SG_MAGIC_EXEC) return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *st;
+    CUresult rc = sg_stream_resolve(hStream, &st);
+    if (rc) return rc;
+    for (size_t i = 0; i < x->n && !rc; i++)
+        rc = st->capturing ? capture_add(st, x->kernels[i])
+                           : sg_stream_push(st, (struct sg_op){.kind = SG_OP_KERNEL, .arg = x->kernels[i]});
+    return rc;
+}
+
+SG_EXPORT CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) { return graph_launch(hGraphExec, hStream); }
+SG_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
+    return graph_launch(hGraphExec, hStream);
+}
+
+SG_EXPORT CUresult cuGraphDestroy(CUgraph hGraph) {
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!hGraph || hGraph->magic != SG_MAGIC_GRAPH) return CUDA_ERROR_INVALID_VALUE;
+    hGraph->magic = 0;
+    free(hGraph->kernels);
+    free(hGraph);
+    return CUDA_SUCCESS;
+}
+
+SG_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!hGraphExec || hGraphExec->magic != SG_MAGIC_EXEC) return CUDA_ERROR_INVALID_VALUE;
+    hGraphExec->magic = 0;
+    free(hGraphExec->kernels);
+    free(hGraphExec);
+    return CUDA_SUCCESS;
+}

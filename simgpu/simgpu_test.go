@@ -1,0 +1,97 @@
+package simgpu_test
+
+import (
+	"errors"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
+)
+
+// exitCode runs cmd to completion and returns its exit code.
+func exitCode(t *testing.T, cmd *exec.Cmd) int {
+	t.Helper()
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		return ee.ExitCode()
+	}
+	if err != nil {
+		t.Fatalf("%s: %v: %s", cmd, err, out)
+	}
+	return 0
+}
+
+// The workload exits 3 when an allocation fails with CUDA_ERROR_OUT_OF_MEMORY.
+const exitOutOfMemory = 3
+
+func TestProcessesShareOneDevice(t *testing.T) {
+	m := simtest.NewMachine(t, 1, "16Gi")
+	workload := simtest.Bin(t, "simgpu/workload")
+
+	holder := simtest.Start(t, m.Command(workload, "--alloc", "10Gi", "--hold"))
+	holder.WaitLine(t, "ready", 10*time.Second)
+
+	// 10 GiB more does not fit beside the holder's 10 GiB, 4 GiB does.
+	if code := exitCode(t, m.Command(workload, "--alloc", "10Gi", "--steps", "1")); code != exitOutOfMemory {
+		t.Fatalf("second 10Gi allocation: exit %d, want %d (out of memory)", code, exitOutOfMemory)
+	}
+	if code := exitCode(t, m.Command(workload, "--alloc", "4Gi", "--steps", "1")); code != 0 {
+		t.Fatalf("4Gi allocation beside the holder: exit %d, want 0", code)
+	}
+}
+
+func TestKilledProcessMemoryReturns(t *testing.T) {
+	m := simtest.NewMachine(t, 1, "16Gi")
+	workload := simtest.Bin(t, "simgpu/workload")
+
+	holder := simtest.Start(t, m.Command(workload, "--alloc", "12Gi", "--hold"))
+	holder.WaitLine(t, "ready", 10*time.Second)
+	if code := exitCode(t, m.Command(workload, "--alloc", "12Gi", "--steps", "1")); code != exitOutOfMemory {
+		t.Fatalf("allocation while the holder lives: exit %d, want %d", code, exitOutOfMemory)
+	}
+
+	if err := holder.Cmd.Process.Kill(); err != nil { // SIGKILL: no chance to free anything
+		t.Fatal(err)
+	}
+	_, _ = holder.Wait()
+	if code := exitCode(t, m.Command(workload, "--alloc", "12Gi", "--steps", "1")); code != 0 {
+		t.Fatalf("allocation after SIGKILL of the holder: exit %d, want 0 (its memory should be back)", code)
+	}
+}
+
+var busyRe = regexp.MustCompile(`BENCH (\w+)_device_busy_ratio ([0-9.]+)`)
+
+// Two processes that keep the device busy each get about half of its time,
+// as a GPU time-slices between contexts.
+func TestBusyProcessesShareDeviceTime(t *testing.T) {
+	m := simtest.NewMachine(t, 1, "16Gi")
+	workload := simtest.Bin(t, "simgpu/workload")
+	args := []string{"--seconds", "3", "--kernels", "4", "--kernel-ns", "2000000"}
+	a := simtest.Start(t, m.Command(workload, append([]string{"--label", "a"}, args...)...))
+	b := simtest.Start(t, m.Command(workload, append([]string{"--label", "b"}, args...)...))
+	share := map[string]float64{}
+	for _, p := range []*simtest.Proc{a, b} {
+		out, err := p.Wait()
+		if err != nil {
+			t.Fatalf("workload: %v: %s", err, p.Stderr())
+		}
+		mm := busyRe.FindStringSubmatch(out)
+		if mm == nil {
+			t.Fatalf("no busy ratio in %q", out)
+		}
+		share[mm[1]], _ = strconv.ParseFloat(mm[2], 64)
+	}
+	// Wide bounds: this must hold on a loaded 2-core machine.
+	for name, s := range share {
+		if s < 0.3 || s > 0.7 {
+			t.Errorf("process %s had %.2f of the device, want about half (0.3-0.7)", name, s)
+		}
+	}
+	if sum := share["a"] + share["b"]; sum < 0.75 || sum > 1.05 {
+		t.Errorf("together the processes kept the device %.2f busy, want 0.75-1.05", sum)
+	}
+}

@@ -1,0 +1,372 @@
+/* The shared machine: mapping, process slots, memory and the execution engine. */
+#define _GNU_SOURCE
+#include "state.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <linux/futex.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define SG_DEFAULT_STATE "/dev/shm/simgpu-state"
+
+static struct sg_state *g_state;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+
+uint64_t sg_now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t sg_wall_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint64_t sg_parse_bytes(const char *s) {
+    char *end;
+    if (!s || !*s) return 0;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || s[0] == '-') return 0;
+    uint64_t mult;
+    if (!*end) mult = 1ull << 30; /* a bare number is GiB, as in GPUWARDEN_MEMORY_LIMIT */
+    else if (!strcmp(end, "Ki")) mult = 1ull << 10;
+    else if (!strcmp(end, "Mi")) mult = 1ull << 20;
+    else if (!strcmp(end, "Gi")) mult = 1ull << 30;
+    else if (!strcmp(end, "Ti")) mult = 1ull << 40;
+    else if (!strcmp(end, "K")) mult = 1000ull;
+    else if (!strcmp(end, "M")) mult = 1000000ull;
+    else if (!strcmp(end, "G")) mult = 1000000000ull;
+    else if (!strcmp(end, "B")) mult = 1;
+    else return 0;
+    if (v > UINT64_MAX / mult) return 0;
+    return v * mult;
+}
+
+uint64_t sg_start_time(pid_t pid) {
+    char path[64], buf[1024];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')'); /* the command name may hold spaces */
+    if (!p) return 0;
+    /* after ") " come fields 3.. ; starttime is field 22 */
+    int field = 2;
+    for (; *p && field < 22; p++)
+        if (*p == ' ') field++;
+    return strtoull(p, NULL, 10);
+}
+
+static void init_device(struct sg_device *d, int i, uint64_t mem) {
+    d->total_mem = mem;
+    snprintf(d->name, sizeof d->name, "simgpu H200 (simulated)");
+    for (int b = 0; b < 16; b++) d->uuid_bytes[b] = (uint8_t)(0x5a ^ (b * 17) ^ (i * 31));
+    d->uuid_bytes[15] = (uint8_t)i;
+    const uint8_t *u = d->uuid_bytes;
+    snprintf(d->uuid, sizeof d->uuid,
+             "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x", u[0], u[1],
+             u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]);
+    d->pci_bus = 0x18 + (uint32_t)i;
+    snprintf(d->pci_bus_id, sizeof d->pci_bus_id, "00000000:%02X:00.0", d->pci_bus);
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_setpshared(&a, PTHREAD_PROCESS_SHARED);
+    pthread_mutexattr_setrobust(&a, PTHREAD_MUTEX_ROBUST);
+    pthread_mutex_init(&d->exec_lock, &a);
+    pthread_mutexattr_destroy(&a);
+}
+
+static int env_int(const char *name, int def, int lo, int hi) {
+    const char *v = getenv(name);
+    if (!v || !*v) return def;
+    char *end;
+    long n = strtol(v, &end, 10);
+    if (*end || n < lo || n > hi) {
+        fprintf(stderr, "simgpu: %s=%s: want an integer from %d to %d\n", name, v, lo, hi);
+        return -1;
+    }
+    return (int)n;
+}
+
+static void map_state(void) {
+    const char *path = getenv("SIMGPU_STATE");
+    if (!path || !*path) path = SG_DEFAULT_STATE;
+    int ndev = env_int("SIMGPU_DEVICES", 1, 1, SG_MAX_DEVICES);
+    if (ndev < 0) return;
+    uint64_t mem = 16ull << 30;
+    const char *m = getenv("SIMGPU_MEMORY");
+    if (m && *m && !(mem = sg_parse_bytes(m))) {
+        fprintf(stderr, "simgpu: SIMGPU_MEMORY=%s: want a size such as 16Gi or 512Mi\n", m);
+        return;
+    }
+    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) {
+        fprintf(stderr, "simgpu: open state %s: %s\n", path, strerror(errno));
+        return;
+    }
+    /* The first process to take the lock lays the machine out. */
+    flock(fd, LOCK_EX);
+    struct stat st;
+    fstat(fd, &st);
+    int fresh = st.st_size == 0;
+    if (fresh && ftruncate(fd, sizeof(struct sg_state)) != 0) {
+        fprintf(stderr, "simgpu: size state %s: %s\n", path, strerror(errno));
+        flock(fd, LOCK_UN);
+        close(fd);
+        return;
+    }
+    if (!fresh && (size_t)st.st_size != sizeof(struct sg_state)) {
+        fprintf(stderr, "simgpu: state %s has size %lld, want %zu: remove it\n", path,
+                (long long)st.st_size, sizeof(struct sg_state));
+        flock(fd, LOCK_UN);
+        close(fd);
+        return;
+    }
+    struct sg_state *s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (s == MAP_FAILED) {
+        fprintf(stderr, "simgpu: map state %s: %s\n", path, strerror(errno));
+        flock(fd, LOCK_UN);
+        close(fd);
+        return;
+    }
+    if (fresh) {
+        s->version = SG_VERSION;
+        s->ndev = (uint32_t)ndev;
+        s->size = sizeof *s;
+        for (int i = 0; i < ndev; i++) init_device(&s->dev[i], i, mem);
+        __atomic_store_n(&s->magic, SG_MAGIC, __ATOMIC_RELEASE);
+    }
+    flock(fd, LOCK_UN);
+    close(fd);
+    if (s->magic != SG_MAGIC || s->version != SG_VERSION || s->size != sizeof *s) {
+        fprintf(stderr, "simgpu: state %s is not a simgpu %d state: remove it\n", path, SG_VERSION);
+        munmap(s, sizeof *s);
+        return;
+    }
+    g_state = s;
+}
+
+struct sg_state *sg_state_get(void) {
+    pthread_once(&g_once, map_state);
+    return g_state;
+}
+
+int sg_proc_alive(const struct sg_proc *p) {
+    if (kill(p->pid, 0) != 0 && errno == ESRCH) return 0;
+    uint64_t st = sg_start_time(p->pid);
+    return st == 0 || st == p->start_time; /* unreadable /proc: assume alive */
+}
+
+static void release_slot(struct sg_state *s, struct sg_proc *p) {
+    for (uint32_t d = 0; d < s->ndev; d++) {
+        uint64_t m = atomic_exchange(&p->mem[d], 0);
+        if (m) atomic_fetch_sub(&s->dev[d].used_mem, m);
+        atomic_store(&p->contexts[d], 0);
+        atomic_store(&p->busy[d].running_since, 0);
+    }
+    atomic_store(&p->state, SG_PROC_FREE);
+}
+
+void sg_reap_dead(struct sg_state *s) {
+    for (int i = 0; i < SG_MAX_PROCS; i++) {
+        struct sg_proc *p = &s->procs[i];
+        uint32_t live = SG_PROC_LIVE;
+        if (atomic_load(&p->state) != SG_PROC_LIVE || p->pid == getpid()) continue;
+        if (sg_proc_alive(p)) continue;
+        if (atomic_compare_exchange_strong(&p->state, &live, SG_PROC_REAPING)) release_slot(s, p);
+    }
+}
+
+static struct sg_proc *g_self;
+static pid_t g_self_pid;
+static pthread_mutex_t g_self_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static struct sg_proc *claim_slot(struct sg_state *s) {
+    pid_t pid = getpid();
+    for (int i = 0; i < SG_MAX_PROCS; i++) {
+        struct sg_proc *p = &s->procs[i];
+        uint32_t free_state = SG_PROC_FREE;
+        if (!atomic_compare_exchange_strong(&p->state, &free_state, SG_PROC_CLAIMING)) continue;
+        p->pid = pid;
+        p->start_time = sg_start_time(pid);
+        for (int d = 0; d < SG_MAX_DEVICES; d++) {
+            atomic_store(&p->mem[d], 0);
+            atomic_store(&p->contexts[d], 0);
+            memset(&p->busy[d], 0, sizeof p->busy[d]);
+        }
+        atomic_store(&p->state, SG_PROC_LIVE);
+        return p;
+    }
+    return NULL;
+}
+
+/* A normally exiting process gives its slot back at once; a killed one is reaped. */
+static void release_self(void) {
+    if (g_self && g_self_pid == getpid() && g_state) {
+        uint32_t live = SG_PROC_LIVE;
+        if (atomic_compare_exchange_strong(&g_self->state, &live, SG_PROC_REAPING))
+            release_slot(g_state, g_self);
+    }
+}
+
+struct sg_proc *sg_proc_self(struct sg_state *s) {
+    pid_t pid = getpid();
+    if (__atomic_load_n(&g_self_pid, __ATOMIC_ACQUIRE) == pid) return g_self;
+    pthread_mutex_lock(&g_self_mu);
+    if (g_self_pid != pid) {
+        static int registered;
+        struct sg_proc *p = claim_slot(s);
+        if (!p) {
+            sg_reap_dead(s);
+            p = claim_slot(s);
+        }
+        if (p) {
+            g_self = p;
+            __atomic_store_n(&g_self_pid, pid, __ATOMIC_RELEASE);
+            if (!registered++) atexit(release_self);
+        }
+    }
+    pthread_mutex_unlock(&g_self_mu);
+    return g_self_pid == pid ? g_self : NULL;
+}
+
+int sg_mem_charge(struct sg_state *s, int dev, uint64_t bytes) {
+    struct sg_device *d = &s->dev[dev];
+    struct sg_proc *me = sg_proc_self(s);
+    if (!me) return 0;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        uint64_t used = atomic_load(&d->used_mem);
+        while (used <= d->total_mem && bytes <= d->total_mem - used) {
+            if (atomic_compare_exchange_weak(&d->used_mem, &used, used + bytes)) {
+                atomic_fetch_add(&me->mem[dev], bytes);
+                return 1;
+            }
+        }
+        sg_reap_dead(s); /* a dead process may still hold what we need */
+    }
+    return 0;
+}
+
+void sg_mem_uncharge(struct sg_state *s, int dev, uint64_t bytes) {
+    struct sg_proc *me = sg_proc_self(s);
+    atomic_fetch_sub(&s->dev[dev].used_mem, bytes);
+    if (me) atomic_fetch_sub(&me->mem[dev], bytes);
+}
+
+static void futex_wait(_Atomic uint32_t *word, uint32_t val, long timeout_ns) {
+    struct timespec ts = {0, timeout_ns};
+    syscall(SYS_futex, word, FUTEX_WAIT, val, &ts, NULL, 0);
+}
+
+static void futex_wake_all(_Atomic uint32_t *word) {
+    syscall(SYS_futex, word, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
+}
+
+static void busy_add(struct sg_busy *b, uint64_t dur_ns, uint64_t end_wall_ns) {
+    uint64_t total = atomic_fetch_add(&b->busy_ns, dur_ns) + dur_ns;
+    atomic_store(&b->running_since, 0);
+    uint32_t head = atomic_load(&b->head);
+    struct sg_sample *last = &b->samples[(head + SG_SAMPLES - 1) % SG_SAMPLES];
+    uint64_t now_us = end_wall_ns / 1000;
+    if (now_us - atomic_load(&last->ts_us) < SG_SAMPLE_PERIOD_NS / 1000) return;
+    struct sg_sample *next = &b->samples[head % SG_SAMPLES];
+    atomic_store(&next->ts_us, 0); /* readers skip a sample being rewritten */
+    atomic_store(&next->busy_ns, total);
+    atomic_store(&next->ts_us, now_us);
+    atomic_store(&b->head, head + 1);
+}
+
+/* Wait until the simulated kernel's end: sleep while far away, spin the last
+ * stretch so that short kernels last what they say. */
+static void wait_until(uint64_t end_ns) {
+    for (;;) {
+        uint64_t now = sg_now_ns();
+        if (now >= end_ns) return;
+        if (end_ns - now > 80000) {
+            uint64_t t = end_ns - 60000;
+            struct timespec ts = {(time_t)(t / 1000000000ull), (long)(t % 1000000000ull)};
+            clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+        }
+    }
+}
+
+void sg_exec_kernel(struct sg_state *s, int dev, uint64_t duration_ns) {
+    if (duration_ns == 0) return;
+    static __thread int slack_set;
+    if (!slack_set) {
+        prctl(PR_SET_TIMERSLACK, 1ul, 0, 0, 0);
+        slack_set = 1;
+    }
+    struct sg_device *d = &s->dev[dev];
+    struct sg_proc *me = sg_proc_self(s);
+    atomic_fetch_add(&d->exec_waiters, 1);
+    int rc = pthread_mutex_lock(&d->exec_lock);
+    atomic_fetch_sub(&d->exec_waiters, 1);
+    if (rc == EOWNERDEAD) {
+        /* The previous holder died mid-kernel; its time ends here. */
+        atomic_store(&d->busy.running_since, 0);
+        pthread_mutex_consistent(&d->exec_lock);
+    }
+    uint32_t turn = atomic_fetch_add(&d->exec_turn, 1) + 1;
+    uint64_t start = sg_now_ns(), wall = sg_wall_ns();
+    atomic_store(&d->busy.running_since, wall);
+    if (me) atomic_store(&me->busy[dev].running_since, wall);
+    wait_until(start + duration_ns);
+    uint64_t ran = sg_now_ns() - start;
+    busy_add(&d->busy, ran, wall + ran);
+    if (me) busy_add(&me->busy[dev], ran, wall + ran);
+    pthread_mutex_unlock(&d->exec_lock);
+    futex_wake_all(&d->exec_turn);
+    /* Hand the engine over: a GPU time-slices between contexts, so a process
+     * with more work queued must not take the engine straight back. */
+    if (atomic_load(&d->exec_waiters) > 0 && atomic_load(&d->exec_turn) == turn)
+        futex_wait(&d->exec_turn, turn, 2000000);
+}
+
+unsigned sg_busy_percent(const struct sg_busy *b, uint64_t since_us, uint64_t *now_us_out) {
+    uint64_t now_ns = sg_wall_ns(), now_us = now_ns / 1000;
+    if (now_us_out) *now_us_out = now_us;
+    uint64_t start_us = since_us && since_us < now_us ? since_us : now_us - 1000000;
+    /* the latest sample at or before the window's start, else the oldest one */
+    uint64_t best_ts = 0, best_busy = 0, oldest_ts = UINT64_MAX, oldest_busy = 0;
+    for (int i = 0; i < SG_SAMPLES; i++) {
+        uint64_t ts = atomic_load(&b->samples[i].ts_us);
+        uint64_t busy = atomic_load(&b->samples[i].busy_ns);
+        if (!ts || ts > now_us) continue;
+        if (ts <= start_us && ts > best_ts) best_ts = ts, best_busy = busy;
+        if (ts < oldest_ts) oldest_ts = ts, oldest_busy = busy;
+    }
+    if (!best_ts) {
+        if (oldest_ts == UINT64_MAX) {
+            /* never sampled: only a kernel running right now counts */
+            uint64_t rs = atomic_load(&b->running_since);
+            if (!rs) return 0;
+            best_ts = start_us, best_busy = atomic_load(&b->busy_ns);
+        } else {
+            best_ts = oldest_ts, best_busy = oldest_busy;
+        }
+    }
+    uint64_t busy_now = atomic_load(&b->busy_ns);
+    uint64_t rs = atomic_load(&b->running_since);
+    if (rs && rs < now_ns) busy_now += now_ns - rs;
+    uint64_t window_ns = (now_us - best_ts) * 1000;
+    if (!window_ns || busy_now < best_busy) return 0;
+    uint64_t pct = (busy_now - best_busy) * 100 / window_ns;
+    return pct > 100 ? 100 : (unsigned)pct;
+}

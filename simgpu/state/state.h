@@ -1,0 +1,109 @@
+/* simgpu's shared machine: one file, mapped by every process that loads
+ * libcuda.so.1 or libnvidia-ml.so.1 with the same SIMGPU_STATE, so that they
+ * all see one set of devices, one memory budget and one execution engine.
+ *
+ * Every field another process may touch concurrently is _Atomic. A process
+ * that dies (SIGKILL included) is noticed by its pid and start time, and
+ * whoever notices gives its memory back (sg_reap_dead).
+ */
+#ifndef SIMGPU_STATE_H
+#define SIMGPU_STATE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#define SG_MAGIC 0x5347505553544154ull /* "SGPUSTAT" */
+#define SG_VERSION 1
+#define SG_MAX_DEVICES 8
+#define SG_MAX_PROCS 256
+#define SG_SAMPLES 64                  /* utilization history per process and device */
+#define SG_SAMPLE_PERIOD_NS 20000000ull /* one sample every 20 ms of activity */
+#define SG_CONTEXT_BYTES (64ull << 20)  /* device memory a context itself takes */
+
+enum sg_proc_state { SG_PROC_FREE = 0, SG_PROC_CLAIMING, SG_PROC_LIVE, SG_PROC_REAPING };
+
+/* A point on a cumulative busy-time curve; utilization over a window is the
+ * difference of two points divided by the window. */
+struct sg_sample {
+    _Atomic uint64_t ts_us;   /* wall clock, microseconds since the epoch (NVML's unit) */
+    _Atomic uint64_t busy_ns; /* cumulative device time at ts_us */
+};
+
+struct sg_busy {
+    _Atomic uint64_t busy_ns;       /* cumulative device time, nanoseconds */
+    _Atomic uint64_t running_since; /* CLOCK_REALTIME ns a kernel started; 0 when none runs */
+    _Atomic uint32_t head;          /* next sample slot */
+    uint32_t pad;
+    struct sg_sample samples[SG_SAMPLES];
+};
+
+struct sg_proc {
+    _Atomic uint32_t state;  /* enum sg_proc_state */
+    int32_t pid;
+    uint64_t start_time;     /* /proc/<pid>/stat field 22, tells a reused pid apart */
+    _Atomic uint64_t mem[SG_MAX_DEVICES];      /* device bytes held, contexts included */
+    _Atomic uint32_t contexts[SG_MAX_DEVICES]; /* live contexts per device */
+    struct sg_busy busy[SG_MAX_DEVICES];
+};
+
+struct sg_device {
+    uint64_t total_mem;          /* bytes */
+    _Atomic uint64_t used_mem;   /* bytes, all processes */
+    char name[96];
+    char uuid[48];               /* "GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx" */
+    uint8_t uuid_bytes[16];
+    char pci_bus_id[32];         /* "00000000:1B:00.0" */
+    uint32_t pci_bus;
+    uint32_t pad;
+    /* The execution engine: one kernel at a time, across all processes. */
+    pthread_mutex_t exec_lock;   /* robust and process-shared */
+    _Atomic uint32_t exec_waiters;
+    _Atomic uint32_t exec_turn;  /* bumps on every acquisition; futex word for hand-off */
+    struct sg_busy busy;         /* the whole device */
+};
+
+struct sg_state {
+    uint64_t magic;
+    uint32_t version;
+    uint32_t ndev;
+    uint64_t size;               /* sizeof(struct sg_state) when created */
+    struct sg_device dev[SG_MAX_DEVICES];
+    struct sg_proc procs[SG_MAX_PROCS];
+};
+
+/* sg_state_get maps the machine (creating it on first use) and returns it, or
+ * NULL with a message on stderr. Thread-safe; maps once per process. */
+struct sg_state *sg_state_get(void);
+
+/* sg_proc_self returns this process's slot, claiming one on first use (and
+ * again after fork); NULL when the table is full. */
+struct sg_proc *sg_proc_self(struct sg_state *s);
+
+/* sg_reap_dead gives back the memory and contexts of processes that died. */
+void sg_reap_dead(struct sg_state *s);
+
+/* sg_proc_alive says whether the slot's process still runs (same pid, same start). */
+int sg_proc_alive(const struct sg_proc *p);
+
+/* Memory: charge reserves bytes on dev for this process or fails (returns 0)
+ * when the device is full; uncharge gives them back. */
+int sg_mem_charge(struct sg_state *s, int dev, uint64_t bytes);
+void sg_mem_uncharge(struct sg_state *s, int dev, uint64_t bytes);
+
+/* Execution: run one kernel of duration_ns on dev, waiting for the engine. */
+void sg_exec_kernel(struct sg_state *s, int dev, uint64_t duration_ns);
+
+/* Utilization: busy fraction (0-100) of a busy curve since since_us (0 means
+ * the last second), and the timestamp it was measured at. */
+unsigned sg_busy_percent(const struct sg_busy *b, uint64_t since_us, uint64_t *now_us);
+
+uint64_t sg_now_ns(void);      /* CLOCK_MONOTONIC */
+uint64_t sg_wall_ns(void);     /* CLOCK_REALTIME */
+uint64_t sg_start_time(pid_t pid);
+
+/* sg_parse_bytes parses "16Gi", "512Mi", "1024" (bytes), "8G"; 0 on error. */
+uint64_t sg_parse_bytes(const char *s);
+
+#endif

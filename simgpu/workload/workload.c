@@ -1,0 +1,217 @@
+/* workload: a training loop on the CUDA driver API. It allocates memory, runs
+ * steps of N kernels of a given duration, synchronizes after each step, and
+ * prints its rate as BENCH lines. It reaches the driver either by direct
+ * linking or as the CUDA runtime does (dlopen + cuGetProcAddress_v2).
+ *
+ *   workload [--alloc 1Gi] [--steps N | --seconds S] [--kernels 8] [--kernel-ns 100000]
+ *            [--batch 32] [--device 0] [--resolve direct|procaddr] [--graph]
+ *            [--sync-every-launch] [--hold] [--label NAME] [--launch-cost N]
+ */
+#include <dlfcn.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cuda.h"
+
+/* The driver functions the loop uses, however they were found. */
+#define FUNCS(X)                                                                                   \
+    X(cuInit) X(cuDeviceGet) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) X(cuMemAlloc_v2)       \
+    X(cuMemFree_v2) X(cuMemsetD8_v2) X(cuModuleLoadData) X(cuModuleGetFunction) X(cuLaunchKernel)  \
+    X(cuStreamCreate) X(cuStreamSynchronize) X(cuStreamBeginCapture_v2) X(cuStreamEndCapture)      \
+    X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGetErrorName)
+
+static struct {
+#define FIELD(name) __typeof__(&name) name;
+    FUNCS(FIELD)
+#undef FIELD
+} cu;
+
+static void die(const char *what, CUresult rc) {
+    const char *name = "?";
+    if (cu.cuGetErrorName) cu.cuGetErrorName(rc, &name);
+    fprintf(stderr, "workload: %s: %s (%d)\n", what, name, (int)rc);
+    exit(rc == CUDA_ERROR_OUT_OF_MEMORY ? 3 : 1);
+}
+
+#define CHECK(call)                                                                                \
+    do {                                                                                           \
+        CUresult rc_ = (call);                                                                     \
+        if (rc_ != CUDA_SUCCESS) die(#call, rc_);                                                  \
+    } while (0)
+
+static void resolve_direct(void) {
+#define SET(name) cu.name = name;
+    FUNCS(SET)
+#undef SET
+}
+
+/* The CUDA runtime's path: only cuGetProcAddress_v2 comes from dlsym. */
+static void resolve_procaddr(void) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW);
+    if (!lib) {
+        fprintf(stderr, "workload: dlopen libcuda.so.1: %s\n", dlerror());
+        exit(1);
+    }
+    __typeof__(&cuGetProcAddress_v2) gpa = (__typeof__(&cuGetProcAddress_v2))dlsym(lib, "cuGetProcAddress_v2");
+    if (!gpa) {
+        fprintf(stderr, "workload: libcuda.so.1 has no cuGetProcAddress_v2\n");
+        exit(1);
+    }
+    static const char *const names[] = {
+#define NAME(name) #name,
+        FUNCS(NAME)
+#undef NAME
+    };
+    void **slots = (void **)&cu;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++) {
+        char base[64];
+        snprintf(base, sizeof base, "%s", names[i]);
+        size_t n = strlen(base); /* ask by base name, as the runtime does */
+        if (n > 3 && !strcmp(base + n - 3, "_v2")) base[n - 3] = 0;
+        CUdriverProcAddressQueryResult status;
+        CUresult rc = gpa(base, &slots[i], CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &status);
+        if (rc != CUDA_SUCCESS) {
+            fprintf(stderr, "workload: cuGetProcAddress_v2(%s): %d, status %d\n", base, (int)rc, (int)status);
+            exit(1);
+        }
+    }
+}
+
+/* SIGINT or SIGTERM end the loop early; the rate so far is still printed. */
+static volatile sig_atomic_t stopping;
+static void on_stop(int sig) {
+    (void)sig;
+    stopping = 1;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static unsigned long long parse_size(const char *s) {
+    char *end;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (!strcmp(end, "Ki")) return v << 10;
+    if (!strcmp(end, "Mi")) return v << 20;
+    if (!strcmp(end, "Gi")) return v << 30;
+    if (*end) {
+        fprintf(stderr, "workload: bad size %s\n", s);
+        exit(2);
+    }
+    return v;
+}
+
+int main(int argc, char **argv) {
+    unsigned long long alloc = 0, kernel_ns = 100000;
+    long steps = 0, kernels = 8, batch = 32, launch_cost = 0;
+    double seconds = 0;
+    int device = 0, graph = 0, sync_each = 0, hold = 0;
+    const char *resolve = "direct", *label = "workload";
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+#define OPT(flag) (!strcmp(a, flag) && v && ++i)
+        if (OPT("--alloc")) alloc = parse_size(v);
+        else if (OPT("--steps")) steps = atol(v);
+        else if (OPT("--seconds")) seconds = atof(v);
+        else if (OPT("--kernels")) kernels = atol(v);
+        else if (OPT("--kernel-ns")) kernel_ns = strtoull(v, NULL, 10);
+        else if (OPT("--batch")) batch = atol(v);
+        else if (OPT("--device")) device = atoi(v);
+        else if (OPT("--resolve")) resolve = v;
+        else if (OPT("--label")) label = v;
+        else if (OPT("--launch-cost")) launch_cost = atol(v);
+        else if (!strcmp(a, "--graph")) graph = 1;
+        else if (!strcmp(a, "--sync-every-launch")) sync_each = 1;
+        else if (!strcmp(a, "--hold")) hold = 1;
+        else {
+            fprintf(stderr, "workload: unknown or incomplete option %s\n", a);
+            return 2;
+        }
+#undef OPT
+    }
+    if (!strcmp(resolve, "direct")) resolve_direct();
+    else if (!strcmp(resolve, "procaddr")) resolve_procaddr();
+    else {
+        fprintf(stderr, "workload: --resolve wants direct or procaddr\n");
+        return 2;
+    }
+    if (!steps && !seconds && !hold && !launch_cost) steps = 100;
+
+    CUdevice dev;
+    CUcontext ctx;
+    CHECK(cu.cuInit(0));
+    CHECK(cu.cuDeviceGet(&dev, device));
+    CHECK(cu.cuDevicePrimaryCtxRetain(&ctx, dev));
+    CHECK(cu.cuCtxSetCurrent(ctx));
+    CUdeviceptr buf = 0;
+    if (alloc) {
+        CHECK(cu.cuMemAlloc_v2(&buf, alloc));
+        CHECK(cu.cuMemsetD8_v2(buf, 0, alloc < 4096 ? alloc : 4096));
+    }
+    CUmodule mod;
+    CUfunction fn;
+    CUstream stream;
+    static const char image[] = "simulated";
+    CHECK(cu.cuModuleLoadData(&mod, image));
+    CHECK(cu.cuModuleGetFunction(&fn, mod, "train_step"));
+    CHECK(cu.cuStreamCreate(&stream, 0));
+    printf("ready pid=%d alloc=%llu\n", (int)getpid(), alloc);
+    fflush(stdout);
+    if (hold) {
+        for (;;) pause();
+    }
+
+    /* The cost of one asynchronous launch, with nothing to run. */
+    if (launch_cost) {
+        unsigned long long zero = 0;
+        void *params[] = {&zero};
+        double t0 = now_s();
+        for (long i = 0; i < launch_cost; i++)
+            CHECK(cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL));
+        double t1 = now_s();
+        CHECK(cu.cuStreamSynchronize(stream));
+        printf("BENCH %s_launch_ns %.1f ns\n", label, (t1 - t0) * 1e9 / (double)launch_cost);
+        return 0;
+    }
+
+    void *params[] = {&kernel_ns};
+    CUgraphExec exec = NULL;
+    if (graph) {
+        CUgraph g;
+        CHECK(cu.cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
+        for (long k = 0; k < kernels; k++) CHECK(cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, stream, params, NULL));
+        CHECK(cu.cuStreamEndCapture(stream, &g));
+        CHECK(cu.cuGraphInstantiateWithFlags(&exec, g, 0));
+    }
+    double start = now_s(), end = start;
+    long done = 0;
+    struct sigaction sa = {.sa_handler = on_stop};
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    while (!stopping && ((steps && done < steps) || (seconds && end - start < seconds))) {
+        if (graph) {
+            CHECK(cu.cuGraphLaunch(exec, stream));
+        } else {
+            for (long k = 0; k < kernels; k++) {
+                CHECK(cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, stream, params, NULL));
+                if (sync_each) CHECK(cu.cuStreamSynchronize(stream));
+            }
+        }
+        CHECK(cu.cuStreamSynchronize(stream));
+        done++;
+        end = now_s();
+    }
+    double elapsed = end - start;
+    printf("BENCH %s_steps_per_sec %.2f steps/s\n", label, (double)done / elapsed);
+    printf("BENCH %s_images_per_sec %.2f images/s\n", label, (double)done * (double)batch / elapsed);
+    printf("BENCH %s_device_busy_ratio %.3f ratio\n", label,
+           (double)done * (double)kernels * (double)kernel_ns / 1e9 / elapsed);
+    if (buf) CHECK(cu.cuMemFree_v2(buf));
+    return 0;
+}
