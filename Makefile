@@ -15,10 +15,17 @@ SIMGPU_CUDA_SRC  := $(wildcard simgpu/cuda/*.c) $(wildcard simgpu/cuda/*.h) simg
 SIMGPU_NVML_SRC  := $(wildcard simgpu/nvml/*.c) $(wildcard simgpu/nvml/*.h) simgpu/include/nvml.h
 GO_SRC           := $(shell find . -name '*.go' -not -path './bin/*') go.mod go.sum
 
+# Each part adds its outputs and Debian packages to these (see its build.mk).
+BUILD_TARGETS := $(BIN)/gpuwarden simgpu
+DEPS_BUILD    := gcc make
+DEPS_TEST     := gcc make
+DEPS_GENERATE := gcc make
+-include bpf/build.mk enforcer/interposer/build.mk
+
 ##@ Build
 
 .PHONY: build
-build: deps-build $(BIN)/gpuwarden simgpu ## Build everything into bin/
+build: deps-build $(BUILD_TARGETS) ## Build everything into bin/
 
 .PHONY: simgpu
 simgpu: $(BIN)/simgpu/libcuda.so.1 $(BIN)/simgpu/libnvidia-ml.so.1 $(BIN)/simgpu/workload $(BIN)/simgpu/cuda-check ## Build the simulated GPU and its programs
@@ -68,11 +75,11 @@ demo: build ## Run the demo on the simulated GPU (DURATION=20s)
 
 .PHONY: deps-build deps-test deps-generate
 deps-build:
-	@.ci/deps.sh build
+	@.ci/deps.sh $(DEPS_BUILD)
 deps-test:
-	@.ci/deps.sh test
+	@.ci/deps.sh $(sort $(DEPS_BUILD) $(DEPS_TEST))
 deps-generate:
-	@.ci/deps.sh generate
+	@.ci/deps.sh $(DEPS_GENERATE)
 
 ##@ Other
 

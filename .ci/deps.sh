@@ -1,24 +1,17 @@
 #!/usr/bin/env bash
-# Installs what a make target needs and the machine lacks: Debian packages
-# through apt-get when run as root, otherwise it names them and stops.
+# deps.sh PACKAGE...: installs the Debian packages a make target needs and the
+# machine lacks, through apt-get when run as root; otherwise it names them
+# and stops.
 set -euo pipefail
 
-need_cmds=()
-case "${1:-build}" in
-build)    pkgs="gcc make" ;;
-test)     pkgs="gcc make" ;;
-generate) pkgs="gcc make" ;;
-*) echo "deps.sh: unknown set '$1' (want build, test or generate)" >&2; exit 2 ;;
-esac
-
-missing=()
-for p in $pkgs; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
-done
 if ! command -v go >/dev/null; then
     echo "deps.sh: Go is not on PATH; install Go 1.26 (https://go.dev/dl) first" >&2
     exit 1
 fi
+missing=()
+for p in "$@"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ]; then
     echo "deps.sh: missing Debian packages: ${missing[*]}" >&2

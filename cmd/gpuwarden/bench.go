@@ -6,45 +6,79 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"sort"
 	"strings"
 )
 
-// runBench prints each figure as `BENCH <name> <value> <unit>`. Figures that
-// compare (with and without a part) are measured side by side in one run.
+// benchOptions are the knobs every benchmark suite shares.
+type benchOptions struct {
+	launches int     // launches for launch-cost figures
+	seconds  float64 // seconds each rate is measured over
+}
+
+// A benchSuite measures one part and prints its figures as
+// `BENCH <name> <value> <unit>`. Figures that compare (with and without a
+// part) are measured side by side in one run, since these machines are noisy.
+type benchSuite struct {
+	order int // suites run in this order
+	run   func(o benchOptions, stdout io.Writer) error
+}
+
+var benchSuites = map[string]benchSuite{
+	"simgpu": {order: 0, run: benchSimgpu},
+}
+
 func runBench(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	launches := fs.Int("launches", 200000, "launches for the launch-cost figure")
-	seconds := fs.Float64("seconds", 3, "seconds each workload rate is measured over")
+	var o benchOptions
+	fs.IntVar(&o.launches, "launches", 200000, "launches for launch-cost figures")
+	fs.Float64Var(&o.seconds, "seconds", 3, "seconds each rate is measured over")
+	only := fs.String("only", "", "run only these suites (comma-separated)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	m, err := newSimMachine(1, "16Gi")
-	if err != nil {
-		fmt.Fprintf(stderr, "gpuwarden bench: %v\n", err)
-		return 1
-	}
-	defer m.close()
-
-	runs := []struct {
-		what string
-		args []string
-	}{
-		{"simulated launch cost", []string{"--label", "simgpu", "--launch-cost", fmt.Sprint(*launches)}},
-		{"workload rate", []string{"--label", "workload", "--alloc", "1Gi", "--seconds", fmt.Sprint(*seconds),
-			"--kernels", "8", "--kernel-ns", "100000", "--batch", "32"}},
-	}
-	for _, r := range runs {
-		if err := relayBench(m, r.args, stdout); err != nil {
-			fmt.Fprintf(stderr, "gpuwarden bench: %s: %v\n", r.what, err)
-			return 1
+	names := make([]string, 0, len(benchSuites))
+	for n := range benchSuites {
+		if *only == "" || strings.Contains(","+*only+",", ","+n+",") {
+			names = append(names, n)
 		}
+	}
+	if len(names) == 0 {
+		fmt.Fprintf(stderr, "gpuwarden bench: no suite named %q\n", *only)
+		return 2
+	}
+	sort.Slice(names, func(i, j int) bool { return benchSuites[names[i]].order < benchSuites[names[j]].order })
+	failed := 0
+	for _, n := range names {
+		if err := benchSuites[n].run(o, stdout); err != nil {
+			fmt.Fprintf(stderr, "gpuwarden bench: %s: %v\n", n, err)
+			failed++
+		}
+	}
+	if failed > 0 {
+		return 1
 	}
 	return 0
 }
 
+// benchSimgpu measures the simulated driver itself: the cost of a launch and
+// a training loop's rate.
+func benchSimgpu(o benchOptions, stdout io.Writer) error {
+	m, err := newSimMachine(1, "16Gi")
+	if err != nil {
+		return err
+	}
+	defer m.close()
+	if err := relayBench(m, stdout, "--label", "simgpu", "--launch-cost", fmt.Sprint(o.launches)); err != nil {
+		return fmt.Errorf("launch cost: %w", err)
+	}
+	return relayBench(m, stdout, "--label", "workload", "--alloc", "1Gi", "--seconds", fmt.Sprint(o.seconds),
+		"--kernels", "8", "--kernel-ns", "100000", "--batch", "32")
+}
+
 // relayBench runs the workload and copies its BENCH lines to out.
-func relayBench(m *simMachine, args []string, out io.Writer) error {
+func relayBench(m *simMachine, out io.Writer, args ...string) error {
 	var stdout, stderr bytes.Buffer
 	cmd := m.workload(args...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
