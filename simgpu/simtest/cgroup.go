@@ -1,0 +1,105 @@
+package simtest
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Cgroup2Mount returns where the cgroup v2 hierarchy is mounted, read from
+// /proc/self/mountinfo (it is /sys/fs/cgroup on most machines, elsewhere on
+// hybrid ones).
+func Cgroup2Mount() (string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return "", fmt.Errorf("read mountinfo: %w", err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		// "36 35 0:31 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw"
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		if !ok {
+			continue
+		}
+		fields, fstype := strings.Fields(pre), strings.Fields(post)
+		if len(fields) >= 5 && len(fstype) >= 1 && fstype[0] == "cgroup2" {
+			return fields[4], nil
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return "", fmt.Errorf("read mountinfo: %w", err)
+	}
+	return "", fmt.Errorf("no cgroup2 mount in /proc/self/mountinfo")
+}
+
+// Cgroup is a cgroup v2 group made for one test: a "container".
+type Cgroup struct {
+	Path string // absolute path under the cgroup2 mount
+	Rel  string // path relative to the mount, as /proc/<pid>/cgroup shows it ("/gpuwarden-test/...")
+	ID   uint64 // the cgroup id (its directory's inode), as bpf_get_current_cgroup_id returns
+	fd   int
+}
+
+// NewCgroup makes a cgroup for the test, removed (its processes killed) when
+// the test ends. It needs root.
+func NewCgroup(t testing.TB, name string) *Cgroup {
+	t.Helper()
+	RequirePrivileged(t, "cgroups")
+	mnt, err := Cgroup2Mount()
+	if err != nil {
+		t.Fatal(err)
+	}
+	rel := fmt.Sprintf("/gpuwarden-test/%s-%d-%d", name, os.Getpid(), time.Now().UnixNano())
+	path := filepath.Join(mnt, rel)
+	if err := os.MkdirAll(path, 0o755); err != nil {
+		t.Fatalf("make cgroup: %v", err)
+	}
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatalf("open cgroup: %v", err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		t.Fatalf("stat cgroup: %v", err)
+	}
+	c := &Cgroup{Path: path, Rel: rel, ID: st.Ino, fd: fd}
+	t.Cleanup(func() { c.remove(t) })
+	return c
+}
+
+// Place makes cmd start inside the cgroup (clone3 with CLONE_INTO_CGROUP), so
+// the process is in it from its first instruction.
+func (c *Cgroup) Place(cmd *exec.Cmd) *exec.Cmd {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.UseCgroupFD = true
+	cmd.SysProcAttr.CgroupFD = c.fd
+	return cmd
+}
+
+// Pids lists the processes in the cgroup.
+func (c *Cgroup) Pids() []string {
+	b, _ := os.ReadFile(filepath.Join(c.Path, "cgroup.procs"))
+	return strings.Fields(string(b))
+}
+
+func (c *Cgroup) remove(t testing.TB) {
+	_ = os.WriteFile(filepath.Join(c.Path, "cgroup.freeze"), []byte("0"), 0)
+	_ = os.WriteFile(filepath.Join(c.Path, "cgroup.kill"), []byte("1"), 0)
+	syscall.Close(c.fd)
+	for i := 0; i < 100; i++ {
+		if err := os.Remove(c.Path); err == nil || os.IsNotExist(err) {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Errorf("cgroup %s could not be removed; processes left: %v", c.Path, c.Pids())
+}
