@@ -6,7 +6,8 @@ GO      ?= go
 CC      ?= gcc
 BIN     := bin
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-CFLAGS  := -std=gnu11 -O2 -g -fPIC -Wall -Wextra -Werror -fvisibility=hidden -pthread
+# -fno-ipa-icf: uprobes attach by address, so no two entry points may share a body.
+CFLAGS  := -std=gnu11 -O2 -g -fPIC -Wall -Wextra -Werror -fvisibility=hidden -fno-ipa-icf -pthread
 GOFLAGS_LD := -ldflags "-X main.version=$(VERSION)"
 DURATION ?= 20s
 

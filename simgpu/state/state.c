@@ -167,6 +167,11 @@ struct sg_state *sg_state_get(void) {
     return g_state;
 }
 
+static uint64_t pidns_of(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 ? (uint64_t)st.st_ino : 0;
+}
+
 int sg_proc_alive(const struct sg_proc *p) {
     if (kill(p->pid, 0) != 0 && errno == ESRCH) return 0;
     uint64_t st = sg_start_time(p->pid);
@@ -184,10 +189,12 @@ static void release_slot(struct sg_state *s, struct sg_proc *p) {
 }
 
 void sg_reap_dead(struct sg_state *s) {
+    uint64_t self_ns = pidns_of("/proc/self/ns/pid");
     for (int i = 0; i < SG_MAX_PROCS; i++) {
         struct sg_proc *p = &s->procs[i];
         uint32_t live = SG_PROC_LIVE;
         if (atomic_load(&p->state) != SG_PROC_LIVE || p->pid == getpid()) continue;
+        if (p->pidns != self_ns) continue;
         if (sg_proc_alive(p)) continue;
         if (atomic_compare_exchange_strong(&p->state, &live, SG_PROC_REAPING)) release_slot(s, p);
     }
@@ -205,6 +212,7 @@ static struct sg_proc *claim_slot(struct sg_state *s) {
         if (!atomic_compare_exchange_strong(&p->state, &free_state, SG_PROC_CLAIMING)) continue;
         p->pid = pid;
         p->start_time = sg_start_time(pid);
+        p->pidns = pidns_of("/proc/self/ns/pid");
         for (int d = 0; d < SG_MAX_DEVICES; d++) {
             atomic_store(&p->mem[d], 0);
             atomic_store(&p->contexts[d], 0);
@@ -282,14 +290,18 @@ static void busy_add(struct sg_busy *b, uint64_t dur_ns, uint64_t end_wall_ns) {
     uint64_t total = atomic_fetch_add(&b->busy_ns, dur_ns) + dur_ns;
     atomic_store(&b->running_since, 0);
     uint32_t head = atomic_load(&b->head);
-    struct sg_sample *last = &b->samples[(head + SG_SAMPLES - 1) % SG_SAMPLES];
+    struct sg_sample *prev = &b->samples[(head + SG_SAMPLES - 2) % SG_SAMPLES];
     uint64_t now_us = end_wall_ns / 1000;
-    if (now_us - atomic_load(&last->ts_us) < SG_SAMPLE_PERIOD_NS / 1000) return;
+    /* The newest sample follows the latest kernel's end until it is a period
+     * past the one before it; then the next sample starts. */
     struct sg_sample *next = &b->samples[head % SG_SAMPLES];
+    if (head >= 2 && now_us - atomic_load(&prev->ts_us) < SG_SAMPLE_PERIOD_NS / 1000)
+        next = &b->samples[(head + SG_SAMPLES - 1) % SG_SAMPLES];
+    else
+        atomic_store(&b->head, head + 1);
     atomic_store(&next->ts_us, 0); /* readers skip a sample being rewritten */
     atomic_store(&next->busy_ns, total);
     atomic_store(&next->ts_us, now_us);
-    atomic_store(&b->head, head + 1);
 }
 
 /* Wait until the simulated kernel's end: sleep while far away, spin the last

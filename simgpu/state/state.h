@@ -15,11 +15,11 @@
 #include <sys/types.h>
 
 #define SG_MAGIC 0x5347505553544154ull /* "SGPUSTAT" */
-#define SG_VERSION 1
+#define SG_VERSION 2
 #define SG_MAX_DEVICES 8
 #define SG_MAX_PROCS 256
-#define SG_SAMPLES 64                  /* utilization history per process and device */
-#define SG_SAMPLE_PERIOD_NS 20000000ull /* one sample every 20 ms of activity */
+#define SG_SAMPLES 384                 /* utilization history per process and device: */
+#define SG_SAMPLE_PERIOD_NS 40000000ull /* one sample per 40 ms of activity, about 15 s */
 #define SG_CONTEXT_BYTES (64ull << 20)  /* device memory a context itself takes */
 
 enum sg_proc_state { SG_PROC_FREE = 0, SG_PROC_CLAIMING, SG_PROC_LIVE, SG_PROC_REAPING };
@@ -41,8 +41,9 @@ struct sg_busy {
 
 struct sg_proc {
     _Atomic uint32_t state;  /* enum sg_proc_state */
-    int32_t pid;
+    int32_t pid;             /* in the process's own pid namespace */
     uint64_t start_time;     /* /proc/<pid>/stat field 22, tells a reused pid apart */
+    uint64_t pidns;          /* inode of its pid namespace: pids mean something only there */
     _Atomic uint64_t mem[SG_MAX_DEVICES];      /* device bytes held, contexts included */
     _Atomic uint32_t contexts[SG_MAX_DEVICES]; /* live contexts per device */
     struct sg_busy busy[SG_MAX_DEVICES];
@@ -81,7 +82,9 @@ struct sg_state *sg_state_get(void);
  * again after fork); NULL when the table is full. */
 struct sg_proc *sg_proc_self(struct sg_state *s);
 
-/* sg_reap_dead gives back the memory and contexts of processes that died. */
+/* sg_reap_dead gives back the memory and contexts of processes that died.
+ * Only processes of the caller's pid namespace are judged: a pid from another
+ * namespace says nothing here. */
 void sg_reap_dead(struct sg_state *s);
 
 /* sg_proc_alive says whether the slot's process still runs (same pid, same start). */
@@ -95,8 +98,10 @@ void sg_mem_uncharge(struct sg_state *s, int dev, uint64_t bytes);
 /* Execution: run one kernel of duration_ns on dev, waiting for the engine. */
 void sg_exec_kernel(struct sg_state *s, int dev, uint64_t duration_ns);
 
-/* Utilization: busy fraction (0-100) of a busy curve since since_us (0 means
- * the last second), and the timestamp it was measured at. */
+/* Utilization: busy fraction (0-100) of a busy curve since since_us, and the
+ * timestamp it was measured at. since_us of 0, or not in the past, means the
+ * last second. History reaches back SG_SAMPLES * SG_SAMPLE_PERIOD_NS; an older
+ * since_us gets the whole history. */
 unsigned sg_busy_percent(const struct sg_busy *b, uint64_t since_us, uint64_t *now_us);
 
 uint64_t sg_now_ns(void);      /* CLOCK_MONOTONIC */
