@@ -13,7 +13,7 @@ static void run_op(struct CUstream_st *st, struct sg_op *op) {
         atomic_store(&op->event->at_ns, sg_now_ns());
         atomic_fetch_add(&op->event->completed, 1);
         break;
-    case SG_OP_FREE: sg_free(op->arg); break;
+    case SG_OP_FREE: sg_free(op->arg, 1); break;
     }
 }
 

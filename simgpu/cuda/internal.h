@@ -129,7 +129,7 @@ struct sg_alloc_rec *sg_table_take(CUdeviceptr base); /* removes and returns it 
  * to dev unless charge is 0 (host-located pool memory). */
 CUresult sg_alloc(struct CUctx_st *ctx, int dev, size_t bytes, enum sg_alloc_kind kind, int charge,
                   CUdeviceptr *out);
-CUresult sg_free(CUdeviceptr p);
+CUresult sg_free(CUdeviceptr p, int queued); /* queued: the stream reached a cuMemFreeAsync */
 void sg_free_ctx(struct CUctx_st *ctx); /* a destroyed context's memory goes with it */
 void *sg_host_range(CUdeviceptr p, size_t n); /* host backing of [p, p+n), or NULL */
 

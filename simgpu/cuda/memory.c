@@ -80,10 +80,11 @@ static void release(struct sg_alloc_rec *r) {
     free(r);
 }
 
-CUresult sg_free(CUdeviceptr p) {
+CUresult sg_free(CUdeviceptr p, int queued) {
     pthread_mutex_lock(&g_mu);
     struct sg_alloc_rec **pp = find_locked(p), *r = *pp;
-    if (!r || r->kind == SG_ALLOC_MAPPED) {
+    /* Only the queued free may free memory a cuMemFreeAsync already owns. */
+    if (!r || r->kind == SG_ALLOC_MAPPED || r->free_pending != queued) {
         pthread_mutex_unlock(&g_mu);
         return CUDA_ERROR_INVALID_VALUE;
     }
@@ -152,7 +153,7 @@ SG_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
     CUresult rc = sg_current(&c);
     if (rc) return rc;
     if (!dptr) return CUDA_SUCCESS; /* freeing NULL is a no-op, as in NVIDIA's driver */
-    return sg_free(dptr);
+    return sg_free(dptr, 0);
 }
 
 SG_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
@@ -178,7 +179,9 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, struct CUmemPool
     if (!dptr) return CUDA_ERROR_INVALID_VALUE;
     struct CUstream_st *st;
     if ((rc = sg_stream_resolve(hStream, &st))) return rc;
-    int dev = c->dev, charge = 1;
+    /* cuda-check fix: NVIDIA's cuMemAllocAsync takes memory "from the memory pool
+     * current to the stream's device", not the current context's device. */
+    int dev = st->ctx->dev, charge = 1;
     if (pool) {
         if (pool->magic != SG_MAGIC_POOL) return CUDA_ERROR_INVALID_VALUE;
         charge = pool->location.type == CU_MEM_LOCATION_TYPE_DEVICE;

@@ -172,7 +172,9 @@ SG_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGe
     CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&g_mu);
     struct sg_handle *h = handle_of(handle);
-    if (!h) rc = CUDA_ERROR_INVALID_HANDLE;
+    /* cuda-check fix: NVIDIA documents CUDA_ERROR_INVALID_VALUE (not
+     * INVALID_HANDLE) for cuMemMap, as cuMemRelease here returns for a bad handle. */
+    if (!h) rc = CUDA_ERROR_INVALID_VALUE;
     else if (offset > h->bytes || size > h->bytes - offset) rc = CUDA_ERROR_INVALID_VALUE;
     else if (!inside_reservation_locked(ptr, size) || overlaps_mapping_locked(ptr, size)) rc = CUDA_ERROR_INVALID_VALUE;
     else if (mmap((void *)(uintptr_t)ptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, h->fd,
