@@ -82,6 +82,20 @@ SG_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice 
     return CUDA_SUCCESS;
 }
 
+/* The CUDA 11.4 and 12.5 forms add execution affinity and CIG parameters,
+ * which a simulated device has nothing to do with. */
+SG_EXPORT CUresult cuCtxCreate_v3(CUcontext *pctx, CUexecAffinityParam *paramsArray, int numParams, unsigned int flags,
+                                  CUdevice dev) {
+    if (numParams < 0 || (numParams > 0 && !paramsArray)) return CUDA_ERROR_INVALID_VALUE;
+    return cuCtxCreate_v2(pctx, flags, dev);
+}
+
+SG_EXPORT CUresult cuCtxCreate_v4(CUcontext *pctx, CUctxCreateParams *ctxCreateParams, unsigned int flags,
+                                  CUdevice dev) {
+    (void)ctxCreateParams;
+    return cuCtxCreate_v2(pctx, flags, dev);
+}
+
 SG_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
     if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
     if (!sg_ctx_valid(ctx) || ctx->primary) return CUDA_ERROR_INVALID_CONTEXT;

@@ -244,7 +244,7 @@ SG_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *pro
     CUmemLocation loc = props->location;
     if (loc.type == CU_MEM_LOCATION_TYPE_DEVICE) {
         if (loc.id < 0 || (uint32_t)loc.id >= s->ndev) return CUDA_ERROR_INVALID_DEVICE;
-    } else if (loc.type != CU_MEM_LOCATION_TYPE_HOST && loc.type != CU_MEM_LOCATION_TYPE_HOST_NUMA) {
+    } else if (loc.type != CU_MEM_LOCATION_TYPE_HOST_NUMA) { /* NVIDIA takes no other host kind for pools */
         return CUDA_ERROR_INVALID_VALUE;
     }
     struct CUmemPoolHandle_st *p = calloc(1, sizeof *p);

@@ -33,6 +33,8 @@ static const struct entry table[] = {
     E("cuDevicePrimaryCtxRetain", 7000, cuDevicePrimaryCtxRetain),
     E("cuDevicePrimaryCtxRelease", 11000, cuDevicePrimaryCtxRelease_v2),
     E("cuCtxCreate", 3020, cuCtxCreate_v2),
+    E("cuCtxCreate", 11040, cuCtxCreate_v3),
+    E("cuCtxCreate", 12050, cuCtxCreate_v4),
     E("cuCtxDestroy", 4000, cuCtxDestroy_v2),
     E("cuCtxSetCurrent", 4000, cuCtxSetCurrent),
     E("cuCtxGetCurrent", 4000, cuCtxGetCurrent),
@@ -64,7 +66,8 @@ static const struct entry table[] = {
     E("cuModuleLoadData", 2000, cuModuleLoadData),
     E("cuModuleGetFunction", 2000, cuModuleGetFunction),
     E("cuModuleUnload", 2000, cuModuleUnload),
-    P("cuLaunchKernel", 4000, cuLaunchKernel),
+    E("cuLaunchKernel", 4000, cuLaunchKernel),
+    P("cuLaunchKernel", 7000, cuLaunchKernel), /* per-thread forms date from CUDA 7.0 */
     P("cuLaunchKernelEx", 11060, cuLaunchKernelEx),
     P("cuLaunchCooperativeKernel", 9000, cuLaunchCooperativeKernel),
     E("cuStreamCreate", 2000, cuStreamCreate),

@@ -174,10 +174,45 @@ typedef struct CUmemPoolProps_st {
     unsigned char reserved[54];
 } CUmemPoolProps;
 
+typedef enum CUlaunchAttributeID_enum {
+    CU_LAUNCH_ATTRIBUTE_IGNORE = 0,
+    CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW = 1,
+    CU_LAUNCH_ATTRIBUTE_COOPERATIVE = 2,
+    CU_LAUNCH_ATTRIBUTE_SYNCHRONIZATION_POLICY = 3,
+    CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION = 4,
+    CU_LAUNCH_ATTRIBUTE_CLUSTER_SCHEDULING_POLICY_PREFERENCE = 5,
+    CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6,
+    CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT = 7,
+    CU_LAUNCH_ATTRIBUTE_PRIORITY = 8,
+    CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN_MAP = 9,
+    CU_LAUNCH_ATTRIBUTE_MEM_SYNC_DOMAIN = 10,
+    CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT = 12,
+    CU_LAUNCH_ATTRIBUTE_DEVICE_UPDATABLE_KERNEL_NODE = 13,
+    CU_LAUNCH_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT = 14
+} CUlaunchAttributeID;
+
+/* A subset of NVIDIA's members, all within the 64 bytes. Its pointer-holding
+ * members make the union (and so CUlaunchAttribute) 8-byte aligned, as here. */
+typedef union CUlaunchAttributeValue_union {
+    char pad[64];
+    int cooperative;
+    struct {
+        unsigned int x;
+        unsigned int y;
+        unsigned int z;
+    } clusterDim;
+    struct {
+        CUevent event;
+        int flags;
+        int triggerAtBlockStart;
+    } programmaticEvent;
+    int priority;
+} CUlaunchAttributeValue;
+
 typedef struct CUlaunchAttribute_st {
-    int id;
-    char pad[4];
-    char value[64];
+    CUlaunchAttributeID id;
+    char pad[8 - sizeof(CUlaunchAttributeID)];
+    CUlaunchAttributeValue value;
 } CUlaunchAttribute;
 
 typedef struct CUlaunchConfig_st {
@@ -188,6 +223,10 @@ typedef struct CUlaunchConfig_st {
     CUlaunchAttribute *attrs;
     unsigned int numAttrs;
 } CUlaunchConfig;
+
+/* Only passed through: simgpu has no execution affinity or CIG. */
+typedef struct CUexecAffinityParam_st CUexecAffinityParam;
+typedef struct CUctxCreateParams_st CUctxCreateParams;
 
 typedef enum CUstreamCaptureMode_enum {
     CU_STREAM_CAPTURE_MODE_GLOBAL = 0,
@@ -224,6 +263,11 @@ typedef enum CUdriverProcAddressQueryResult_enum {
     X(CUresult, cuDevicePrimaryCtxRetain, (CUcontext * pctx, CUdevice dev))                        \
     X(CUresult, cuDevicePrimaryCtxRelease_v2, (CUdevice dev))                                      \
     X(CUresult, cuCtxCreate_v2, (CUcontext * pctx, unsigned int flags, CUdevice dev))              \
+    X(CUresult, cuCtxCreate_v3,                                                                    \
+      (CUcontext * pctx, CUexecAffinityParam * paramsArray, int numParams, unsigned int flags,     \
+       CUdevice dev))                                                                              \
+    X(CUresult, cuCtxCreate_v4,                                                                    \
+      (CUcontext * pctx, CUctxCreateParams * ctxCreateParams, unsigned int flags, CUdevice dev))   \
     X(CUresult, cuCtxDestroy_v2, (CUcontext ctx))                                                  \
     X(CUresult, cuCtxSetCurrent, (CUcontext ctx))                                                  \
     X(CUresult, cuCtxGetCurrent, (CUcontext * pctx))                                               \

@@ -516,7 +516,9 @@ static void procaddr_base_names(void) {
     EXPECT_RESOLVES("cuMemAlloc", 12000, 0, cuMemAlloc_v2);
     EXPECT_RESOLVES("cuMemFree", 12000, 0, cuMemFree_v2);
     EXPECT_RESOLVES("cuMemGetInfo", 12000, 0, cuMemGetInfo_v2);
-    EXPECT_RESOLVES("cuCtxCreate", 12000, 0, cuCtxCreate_v2);
+    EXPECT_RESOLVES("cuCtxCreate", 11000, 0, cuCtxCreate_v2);
+    EXPECT_RESOLVES("cuCtxCreate", 12000, 0, cuCtxCreate_v3);
+    EXPECT_RESOLVES("cuCtxCreate", 12080, 0, cuCtxCreate_v4);
     EXPECT_RESOLVES("cuStreamDestroy", 12000, 0, cuStreamDestroy_v2);
     EXPECT_RESOLVES("cuEventDestroy", 12000, 0, cuEventDestroy_v2);
     EXPECT_RESOLVES("cuDevicePrimaryCtxRelease", 12000, 0, cuDevicePrimaryCtxRelease_v2);
@@ -557,6 +559,8 @@ static void procaddr_every_entry_point(void) {
         {"cuDeviceGetUuid", "cuDeviceGetUuid_v2"},
         {"cuGetProcAddress", "cuGetProcAddress_v2"},
         {"cuGraphInstantiate_v2", "cuGraphInstantiateWithFlags"},
+        {"cuCtxCreate_v2", "cuCtxCreate_v4"},
+        {"cuCtxCreate_v3", "cuCtxCreate_v4"},
     };
     for (size_t i = 0; i < NAPI; i++) {
         char base[96];
@@ -567,7 +571,8 @@ static void procaddr_every_entry_point(void) {
             base[n -= 5] = 0;
             flags = CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM;
         }
-        if (n > 3 && !strcmp(base + n - 3, "_v2")) base[n -= 3] = 0;
+        if (n > 3 && base[n - 3] == '_' && base[n - 2] == 'v' && base[n - 1] >= '2' && base[n - 1] <= '9')
+            base[n -= 3] = 0;
         const char *want = g_api[i].name;
         for (size_t j = 0; j < sizeof superseded / sizeof superseded[0]; j++)
             if (!strcmp(want, superseded[j].api)) want = superseded[j].newest;
@@ -613,6 +618,21 @@ static void context_create_costs_memory(void) {
     CHECK_RC(cuCtxGetCurrent(&now), OK);
     EXPECT(now == g_base, "destroying the current context pops it");
     EXPECT_FREE(0, before);
+}
+
+/* The CUDA 11.4 and 12.5 forms create the same context. */
+static void context_create_v3_v4(void) {
+    size_t before = dev_free(1);
+    CUcontext c3 = NULL, c4 = NULL, popped = NULL;
+    REQUIRE_RC(cuCtxCreate_v3(&c3, NULL, 0, 0, 1), OK);
+    REQUIRE_RC(cuCtxCreate_v4(&c4, NULL, 0, 1), OK);
+    EXPECT_FREE(1, before - 2 * CONTEXT_COST);
+    CHECK_RC(cuCtxCreate_v3(&c3, NULL, 1, 0, 1), INVALID_VALUE);
+    CHECK_RC(cuCtxPopCurrent_v2(&popped), OK);
+    EXPECT(popped == c4, "cuCtxCreate_v4 pushes its context");
+    CHECK_RC(cuCtxDestroy_v2(c4), OK);
+    CHECK_RC(cuCtxDestroy_v2(c3), OK);
+    EXPECT_FREE(1, before);
 }
 
 static void context_create_bad_args(void) {
@@ -944,7 +964,7 @@ static void memory_pool_device(void) {
 static void memory_pool_host(void) {
     size_t before = dev_free(0);
     CUmemoryPool pool;
-    CUmemPoolProps props = pool_props(CU_MEM_LOCATION_TYPE_HOST, 0);
+    CUmemPoolProps props = pool_props(CU_MEM_LOCATION_TYPE_HOST_NUMA, 0);
     CUdeviceptr p;
     CUstream s;
     REQUIRE_RC(cuMemPoolCreate(&pool, &props), OK);
@@ -966,6 +986,8 @@ static void memory_pool_bad_args(void) {
     props.allocType = CU_MEM_ALLOCATION_TYPE_INVALID;
     CHECK_RC(cuMemPoolCreate(&pool, &props), INVALID_VALUE);
     props = pool_props(CU_MEM_LOCATION_TYPE_INVALID, 0);
+    CHECK_RC(cuMemPoolCreate(&pool, &props), INVALID_VALUE);
+    props = pool_props(CU_MEM_LOCATION_TYPE_HOST, 0); /* pools take HOST_NUMA, not HOST */
     CHECK_RC(cuMemPoolCreate(&pool, &props), INVALID_VALUE);
     CHECK_RC(cuMemPoolDestroy(NULL), INVALID_VALUE);
 }
@@ -1644,6 +1666,7 @@ static const struct check g_checks[] = {
     {"procaddr/not-found", procaddr_not_found},
     {"procaddr/bad-args", procaddr_bad_args},
     {"context/create-costs-memory", context_create_costs_memory},
+    {"context/create-v3-v4", context_create_v3_v4},
     {"context/create-bad-args", context_create_bad_args},
     {"context/other-device", context_other_device},
     {"context/push-pop", context_push_pop},
