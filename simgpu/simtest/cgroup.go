@@ -1,7 +1,6 @@
 package simtest
 
 import (
-	"bufio"
 	"fmt"
 	"os"
 	"os/exec"
@@ -10,34 +9,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
-)
 
-// Cgroup2Mount returns where the cgroup v2 hierarchy is mounted, read from
-// /proc/self/mountinfo (it is /sys/fs/cgroup on most machines, elsewhere on
-// hybrid ones).
-func Cgroup2Mount() (string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
-	if err != nil {
-		return "", fmt.Errorf("read mountinfo: %w", err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		// "36 35 0:31 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw"
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		if !ok {
-			continue
-		}
-		fields, fstype := strings.Fields(pre), strings.Fields(post)
-		if len(fields) >= 5 && len(fstype) >= 1 && fstype[0] == "cgroup2" {
-			return fields[4], nil
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return "", fmt.Errorf("read mountinfo: %w", err)
-	}
-	return "", fmt.Errorf("no cgroup2 mount in /proc/self/mountinfo")
-}
+	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+)
 
 // Cgroup is a cgroup v2 group made for one test: a "container".
 type Cgroup struct {
@@ -52,7 +26,7 @@ type Cgroup struct {
 func NewCgroup(t testing.TB, name string) *Cgroup {
 	t.Helper()
 	RequirePrivileged(t, "cgroups")
-	mnt, err := Cgroup2Mount()
+	mnt, err := cgroups.Mount("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,51 @@
+package cgroups_test
+
+import (
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
+)
+
+func TestResolverFindsTestCgroup(t *testing.T) {
+	cg := simtest.NewCgroup(t, "resolve")
+	mnt, err := cgroups.Mount("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := cgroups.NewResolver(mnt)
+	got, ok := r.Path(cg.ID)
+	if !ok || got != cg.Rel {
+		t.Fatalf("Path(%d) = %q, %v; want %q", cg.ID, got, ok, cg.Rel)
+	}
+	if id, err := r.ID(cg.Rel); err != nil || id != cg.ID {
+		t.Errorf("ID(%q) = %d, %v; want %d", cg.Rel, id, err, cg.ID)
+	}
+	if _, ok := r.Path(1 << 62); ok {
+		t.Error("an id no cgroup has resolved to a path")
+	}
+
+	cmd := cg.Place(exec.Command("sleep", "10"))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	if p, err := cgroups.OfProcess("/proc", cmd.Process.Pid); err != nil || p != cg.Rel {
+		t.Errorf("OfProcess = %q, %v; want %q", p, err, cg.Rel)
+	}
+}
+
+func TestMountErrors(t *testing.T) {
+	f := t.TempDir() + "/mountinfo"
+	if err := os.WriteFile(f, []byte("22 1 0:21 / /proc rw - proc proc rw\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cgroups.Mount(f); err == nil {
+		t.Error("a mountinfo without cgroup2 gave no error")
+	}
+	if _, err := cgroups.Mount(f + ".missing"); err == nil {
+		t.Error("a missing mountinfo gave no error")
+	}
+}
