@@ -1,0 +1,49 @@
+package kubelet_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/gpuwarden/gpuwarden/collector/kubelet"
+	"github.com/gpuwarden/gpuwarden/collector/kubelet/kubelettest"
+)
+
+func TestListOverRealSocket(t *testing.T) {
+	k := kubelettest.StartPodResources(t)
+	k.SetPods(
+		kubelettest.Pod{Namespace: "ml", Name: "trainer-0", Containers: []kubelettest.Container{
+			{Name: "main", Devices: map[string][]string{"gpuwarden.io/gpu": {"GPU-a::1"}, "example.com/nic": {"eth1"}}},
+			{Name: "sidecar"},
+		}},
+		kubelettest.Pod{Namespace: "web", Name: "api", Containers: []kubelettest.Container{{Name: "app"}}},
+	)
+	c, err := kubelet.DialPodResources(k.Socket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	got, err := c.List(context.Background(), func(r string) bool { return strings.HasPrefix(r, "gpuwarden.io/") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 1 {
+		t.Fatalf("List = %+v, want the one gpuwarden assignment", got)
+	}
+	a := got[0]
+	if a.Namespace != "ml" || a.Pod != "trainer-0" || a.Container != "main" || a.Resource != "gpuwarden.io/gpu" ||
+		len(a.DeviceIDs) != 1 || a.DeviceIDs[0] != "GPU-a::1" {
+		t.Errorf("assignment = %+v", a)
+	}
+}
+
+func TestListWithoutKubelet(t *testing.T) {
+	c, err := kubelet.DialPodResources(t.TempDir() + "/absent.sock")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.List(context.Background(), func(string) bool { return true }); err == nil {
+		t.Error("List without a kubelet gave no error")
+	}
+}
