@@ -1,0 +1,93 @@
+package controlblock
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+// ContainerKey escapes a cgroup v2 path into the one directory name under the
+// control directory that holds the container's control block. It computes
+// what the interposer's gw_container_key computes (a test runs both):
+//   - the leading '/'s are dropped; "/" (or "") is "root";
+//   - '/' becomes '+'; bytes in [A-Za-z0-9_-] stay, and so does '.' except
+//     as the first byte; every other byte is %XX (upper-case hex);
+//   - an escaped key over 200 bytes keeps its first 183 bytes and gets '~'
+//     and the 16 hex digits of the FNV-1a 64 hash of the path (without its
+//     leading '/'s).
+func ContainerKey(cgroupPath string) string {
+	const hex = "0123456789ABCDEF"
+	p := strings.TrimLeft(cgroupPath, "/")
+	if p == "" {
+		return "root"
+	}
+	var b strings.Builder
+	truncated := false
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		var piece string
+		switch {
+		case c == '/':
+			piece = "+"
+		case c >= 'A' && c <= 'Z', c >= 'a' && c <= 'z', c >= '0' && c <= '9', c == '_', c == '-',
+			c == '.' && b.Len() > 0:
+			piece = string(c)
+		default:
+			piece = string([]byte{'%', hex[c>>4], hex[c&15]})
+		}
+		if b.Len()+len(piece) > 200 {
+			truncated = true
+		}
+		if !truncated {
+			b.WriteString(piece)
+		}
+	}
+	if !truncated {
+		return b.String()
+	}
+	h := uint64(0xcbf29ce484222325)
+	for i := 0; i < len(p); i++ {
+		h ^= uint64(p[i])
+		h *= 0x100000001b3
+	}
+	k := b.String()
+	if len(k) > 183 {
+		k = k[:183]
+	}
+	return fmt.Sprintf("%s~%016X", k, h)
+}
+
+// CgroupOf returns the cgroup v2 path of a process as /proc/<pid>/cgroup
+// shows it (the "0::" line; on a host without one, the first line's path),
+// as the interposer reads its own. procRoot is normally "/proc".
+func CgroupOf(procRoot string, pid int) (string, error) {
+	f, err := os.Open(filepath.Join(procRoot, fmt.Sprint(pid), "cgroup"))
+	if err != nil {
+		return "", fmt.Errorf("read cgroup of %d: %w", pid, err)
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	path, first := "/", true
+	for sc.Scan() {
+		parts := strings.SplitN(sc.Text(), ":", 3)
+		if len(parts) != 3 {
+			continue
+		}
+		if strings.HasPrefix(sc.Text(), "0::") {
+			return parts[2], nil
+		}
+		if first {
+			path, first = parts[2], false
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return "", fmt.Errorf("read cgroup of %d: %w", pid, err)
+	}
+	return path, nil
+}
+
+// Paths of one container's control block files.
+func LimitsPath(controlDir, key string) string { return filepath.Join(controlDir, key, "limits") }
+func UsagePath(controlDir, key string) string  { return filepath.Join(controlDir, key, "usage") }

@@ -1,0 +1,194 @@
+package controlblock
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"unsafe"
+)
+
+// LimitsConfig is the part of the limits file the agent sets as a whole,
+// under the seqlock.
+type LimitsConfig struct {
+	MemLimit       [MaxDevices]uint64 // bytes per device ordinal; 0 = no limit
+	GateMask       uint32             // bit d: launches on device d wait for grants
+	ContextReserve uint64             // bytes per context; 0 = DefaultContextReserve
+	GraceNs        uint64             // silent agent lifts the gate after this; 0 = DefaultGraceNs
+	NDev           uint32
+}
+
+// LimitsFile is the agent's read-write mapping of one container's limits.
+// One writer per file: the agent.
+type LimitsFile struct {
+	path string
+	mem  []byte
+	l    *Limits
+	mu   sync.Mutex
+}
+
+// CreateLimits writes a new limits file atomically (a temporary file renamed
+// into place, so the interposer never maps a half-written one) and maps it.
+// Later changes go through Update, in place.
+func CreateLimits(path string, cfg LimitsConfig) (*LimitsFile, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("create limits: %w", err)
+	}
+	var l Limits
+	l.Magic, l.ABIMajor, l.ABIMinor, l.Size = LimitsMagic, ABIMajor, ABIMinor, uint32(LimitsSize)
+	l.Generation = 1
+	l.MemLimit, l.GateMask, l.ContextReserve, l.GraceNs, l.NDev = cfg.MemLimit, cfg.GateMask, cfg.ContextReserve, cfg.GraceNs, cfg.NDev
+	l.HeartbeatNs = MonotonicNs()
+	b := unsafe.Slice((*byte)(unsafe.Pointer(&l)), LimitsSize)
+	tmp, err := os.CreateTemp(filepath.Dir(path), ".limits-*")
+	if err != nil {
+		return nil, fmt.Errorf("create limits: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(b); err != nil {
+		tmp.Close()
+		return nil, fmt.Errorf("write limits: %w", err)
+	}
+	if err := tmp.Chmod(0o644); err != nil {
+		tmp.Close()
+		return nil, fmt.Errorf("write limits: %w", err)
+	}
+	if err := tmp.Close(); err != nil {
+		return nil, fmt.Errorf("write limits: %w", err)
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return nil, fmt.Errorf("install limits: %w", err)
+	}
+	return OpenLimits(path)
+}
+
+// OpenLimits maps an existing limits file read-write and checks its header.
+func OpenLimits(path string) (*LimitsFile, error) {
+	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	if err != nil {
+		return nil, fmt.Errorf("open limits: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("open limits: %w", err)
+	}
+	if st.Size() < int64(LimitsSize) {
+		return nil, fmt.Errorf("limits %s: %d bytes, want at least %d", path, st.Size(), LimitsSize)
+	}
+	mem, err := syscall.Mmap(int(f.Fd()), 0, LimitsSize, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("map limits %s: %w", path, err)
+	}
+	l := (*Limits)(unsafe.Pointer(&mem[0]))
+	if l.Magic != LimitsMagic || l.ABIMajor != ABIMajor || l.Size < uint32(LimitsSize) {
+		syscall.Munmap(mem)
+		return nil, fmt.Errorf("limits %s: not gpuwarden ABI %d limits", path, ABIMajor)
+	}
+	return &LimitsFile{path: path, mem: mem, l: l}, nil
+}
+
+// Close unmaps the file.
+func (f *LimitsFile) Close() error {
+	if f.mem == nil {
+		return nil
+	}
+	err := syscall.Munmap(f.mem)
+	f.mem, f.l = nil, nil
+	return err
+}
+
+// Config returns the current config.
+func (f *LimitsFile) Config() LimitsConfig {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.configLocked()
+}
+
+func (f *LimitsFile) configLocked() LimitsConfig {
+	var c LimitsConfig
+	for d := range c.MemLimit {
+		c.MemLimit[d] = atomic.LoadUint64(&f.l.MemLimit[d])
+	}
+	c.GateMask = atomic.LoadUint32(&f.l.GateMask)
+	c.ContextReserve = atomic.LoadUint64(&f.l.ContextReserve)
+	c.GraceNs = atomic.LoadUint64(&f.l.GraceNs)
+	c.NDev = atomic.LoadUint32(&f.l.NDev)
+	return c
+}
+
+// Update changes the config under the seqlock and raises the generation; the
+// interposer applies it on its next managed call. It returns the new generation.
+func (f *LimitsFile) Update(change func(*LimitsConfig)) uint64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := f.configLocked()
+	change(&c)
+	atomic.AddUint64(&f.l.Seq, 1) // odd: readers retry
+	for d := range c.MemLimit {
+		atomic.StoreUint64(&f.l.MemLimit[d], c.MemLimit[d])
+	}
+	atomic.StoreUint32(&f.l.GateMask, c.GateMask)
+	atomic.StoreUint64(&f.l.ContextReserve, c.ContextReserve)
+	atomic.StoreUint64(&f.l.GraceNs, c.GraceNs)
+	atomic.StoreUint32(&f.l.NDev, c.NDev)
+	gen := atomic.AddUint64(&f.l.Generation, 1)
+	atomic.AddUint64(&f.l.Seq, 1) // even: consistent again
+	f.wakeAll()
+	return gen
+}
+
+// Generation is the config number the agent last wrote.
+func (f *LimitsFile) Generation() uint64 { return atomic.LoadUint64(&f.l.Generation) }
+
+// Grant returns device dev's grant.
+func (f *LimitsFile) Grant(dev int) uint64 { return atomic.LoadUint64(&f.l.Gate[dev].Grant) }
+
+// RaiseGrant lets launches with tickets up to grant run on device dev (a
+// grant never goes down) and wakes the launches waiting for it.
+func (f *LimitsFile) RaiseGrant(dev int, grant uint64) error {
+	if dev < 0 || dev >= MaxDevices {
+		return errors.New("raise grant: no such device")
+	}
+	g := &f.l.Gate[dev]
+	for {
+		cur := atomic.LoadUint64(&g.Grant)
+		if grant <= cur || atomic.CompareAndSwapUint64(&g.Grant, cur, grant) {
+			break
+		}
+	}
+	atomic.AddUint32(&g.Wake, 1)
+	return futexWake(&g.Wake)
+}
+
+// Heartbeat tells the interposers the agent is alive; a gate whose agent is
+// silent longer than GraceNs lets launches through.
+func (f *LimitsFile) Heartbeat() { atomic.StoreUint64(&f.l.HeartbeatNs, MonotonicNs()) }
+
+func (f *LimitsFile) wakeAll() {
+	for d := range f.l.Gate {
+		atomic.AddUint32(&f.l.Gate[d].Wake, 1)
+		_ = futexWake(&f.l.Gate[d].Wake)
+	}
+}
+
+// futexWake wakes every waiter on a futex word in a shared mapping.
+func futexWake(word *uint32) error {
+	const futexWakeOp = 1 // FUTEX_WAKE, not private: the word is in a shared file mapping
+	_, _, e := syscall.Syscall6(syscall.SYS_FUTEX, uintptr(unsafe.Pointer(word)), futexWakeOp, 1<<30, 0, 0, 0)
+	if e != 0 {
+		return fmt.Errorf("futex wake: %w", e)
+	}
+	return nil
+}
+
+// MonotonicNs is CLOCK_MONOTONIC in nanoseconds, the clock of HeartbeatNs.
+func MonotonicNs() uint64 {
+	var ts syscall.Timespec
+	const clockMonotonic = 1
+	syscall.Syscall(syscall.SYS_CLOCK_GETTIME, clockMonotonic, uintptr(unsafe.Pointer(&ts)), 0)
+	return uint64(ts.Sec)*1e9 + uint64(ts.Nsec)
+}

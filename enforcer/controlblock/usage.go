@@ -1,0 +1,188 @@
+package controlblock
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"sync/atomic"
+	"syscall"
+	"unicode/utf8"
+	"unsafe"
+)
+
+// MaxPlausibleBytes bounds any byte count read from a ledger: more than any
+// device holds (256 TiB). A larger value is garbage.
+const MaxPlausibleBytes = 1 << 48
+
+// UsageSnapshot is a validated copy of a container's ledger. The ledger is
+// written by the container's processes and is untrusted: a field that fails
+// validation is dropped (zeroed, the slot skipped) and named in Problems.
+type UsageSnapshot struct {
+	ABIMinor          uint16
+	NDev              int
+	ReservedBytes     [MaxDevices]uint64
+	LaunchesIssued    [MaxDevices]uint64
+	AllocFailures     [MaxDevices]uint64
+	ClaimMemLimit     [MaxDevices]uint64
+	ClaimWeight       uint32
+	ClaimComputeLimit uint32
+	ClaimPriority     uint32
+	ClaimMemorySet    bool
+	CgroupID          uint64
+	CgroupPath        string
+	DevUUID           [MaxDevices][16]byte
+	Procs             []ProcUsage
+	Problems          []string
+}
+
+// ProcUsage is one live process of the container.
+type ProcUsage struct {
+	Slot          int
+	Pid           int32
+	StartTime     uint64
+	Bytes         [MaxDevices]uint64
+	Launches      uint64
+	ThrottledNs   uint64
+	AllocFailures uint64
+}
+
+// ErrNotLedger says the bytes are not a gpuwarden ledger of this ABI.
+var ErrNotLedger = errors.New("not a gpuwarden ABI 1 ledger")
+
+// ParseUsage validates a ledger's bytes. It never panics, whatever b holds.
+func ParseUsage(b []byte) (*UsageSnapshot, error) {
+	if len(b) < UsageSize {
+		return nil, fmt.Errorf("%w: %d bytes, want %d", ErrNotLedger, len(b), UsageSize)
+	}
+	var u Usage
+	copy(unsafe.Slice((*byte)(unsafe.Pointer(&u)), UsageSize), b)
+	switch {
+	case u.Magic != UsageMagic:
+		return nil, fmt.Errorf("%w: bad magic %#x", ErrNotLedger, u.Magic)
+	case u.ABIMajor != ABIMajor:
+		return nil, fmt.Errorf("%w: ABI major %d", ErrNotLedger, u.ABIMajor)
+	case u.Size != uint32(UsageSize) || u.MaxDevices != MaxDevices || u.MaxSlots != MaxSlots ||
+		u.SlotSize != uint32(unsafe.Sizeof(Slot{})):
+		return nil, fmt.Errorf("%w: layout %d/%d/%d/%d", ErrNotLedger, u.Size, u.MaxDevices, u.MaxSlots, u.SlotSize)
+	}
+	s := &UsageSnapshot{ABIMinor: u.ABIMinor, CgroupID: u.CgroupID, DevUUID: u.DevUUID}
+	bad := func(format string, a ...any) { s.Problems = append(s.Problems, fmt.Sprintf(format, a...)) }
+	if u.NDev > MaxDevices {
+		bad("ndev %d", u.NDev)
+	} else {
+		s.NDev = int(u.NDev)
+	}
+	for d := 0; d < MaxDevices; d++ {
+		if v := u.ReservedBytes[d]; v > MaxPlausibleBytes {
+			bad("device %d: reserved %d bytes", d, v)
+		} else {
+			s.ReservedBytes[d] = v
+		}
+		if v := u.ClaimMemLimit[d]; v > MaxPlausibleBytes {
+			bad("device %d: claimed limit %d bytes", d, v)
+		} else {
+			s.ClaimMemLimit[d] = v
+		}
+		s.LaunchesIssued[d] = u.LaunchesIssued[d]
+		s.AllocFailures[d] = u.AllocFailures[d]
+	}
+	if u.ClaimWeight > 1000 {
+		bad("claimed weight %d", u.ClaimWeight)
+	} else {
+		s.ClaimWeight = u.ClaimWeight
+	}
+	if u.ClaimComputeLimit > 100 {
+		bad("claimed compute limit %d", u.ClaimComputeLimit)
+	} else {
+		s.ClaimComputeLimit = u.ClaimComputeLimit
+	}
+	if u.ClaimPriority > PriorityHigh {
+		bad("claimed priority %d", u.ClaimPriority)
+	} else {
+		s.ClaimPriority = u.ClaimPriority
+	}
+	s.ClaimMemorySet = u.ClaimFlags&ClaimMemorySet != 0
+	if i := bytes.IndexByte(u.CgroupPath[:], 0); i < 0 || !utf8.Valid(u.CgroupPath[:i]) {
+		bad("cgroup path not a NUL-terminated UTF-8 string")
+	} else {
+		s.CgroupPath = string(u.CgroupPath[:i])
+	}
+	for i := range u.Slots {
+		sl := &u.Slots[i]
+		switch sl.State {
+		case SlotFree, SlotClaiming, SlotReaping:
+			continue
+		case SlotLive:
+		default:
+			bad("slot %d: state %d", i, sl.State)
+			continue
+		}
+		if sl.Pid <= 0 {
+			bad("slot %d: pid %d", i, sl.Pid)
+			continue
+		}
+		p := ProcUsage{Slot: i, Pid: sl.Pid, StartTime: sl.StartTime, Launches: sl.Launches,
+			ThrottledNs: sl.ThrottledNs, AllocFailures: sl.AllocFailures}
+		ok := true
+		for d, v := range sl.Bytes {
+			if v > MaxPlausibleBytes {
+				bad("slot %d: device %d: %d bytes", i, d, v)
+				ok = false
+				break
+			}
+			p.Bytes[d] = v
+		}
+		if ok {
+			s.Procs = append(s.Procs, p)
+		}
+	}
+	return s, nil
+}
+
+// UsageFile is a read-only mapping of a container's ledger.
+type UsageFile struct {
+	mem []byte
+	u   *Usage
+}
+
+// OpenUsage maps a ledger read-only; its header is checked by Snapshot.
+func OpenUsage(path string) (*UsageFile, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open ledger: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("open ledger: %w", err)
+	}
+	if st.Size() != int64(UsageSize) {
+		return nil, fmt.Errorf("ledger %s: %w: %d bytes", path, ErrNotLedger, st.Size())
+	}
+	mem, err := syscall.Mmap(int(f.Fd()), 0, UsageSize, syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("map ledger %s: %w", path, err)
+	}
+	return &UsageFile{mem: mem, u: (*Usage)(unsafe.Pointer(&mem[0]))}, nil
+}
+
+// Snapshot copies and validates the ledger as it is now.
+func (f *UsageFile) Snapshot() (*UsageSnapshot, error) { return ParseUsage(f.mem) }
+
+// Reserved reads device dev's container-wide reserved bytes (unvalidated).
+func (f *UsageFile) Reserved(dev int) uint64 { return atomic.LoadUint64(&f.u.ReservedBytes[dev]) }
+
+// Issued reads device dev's gate tickets taken (unvalidated), which the
+// agent adds its budget to when it raises the grant.
+func (f *UsageFile) Issued(dev int) uint64 { return atomic.LoadUint64(&f.u.LaunchesIssued[dev]) }
+
+// Close unmaps the ledger.
+func (f *UsageFile) Close() error {
+	if f.mem == nil {
+		return nil
+	}
+	err := syscall.Munmap(f.mem)
+	f.mem, f.u = nil, nil
+	return err
+}

@@ -1,0 +1,88 @@
+package controlblock
+
+import (
+	"encoding/binary"
+	"testing"
+	"unsafe"
+)
+
+// validLedger is a ledger as the interposer lays it out, with one live process.
+func validLedger() []byte {
+	var u Usage
+	u.Magic, u.ABIMajor, u.Size = UsageMagic, ABIMajor, uint32(UsageSize)
+	u.MaxDevices, u.MaxSlots, u.SlotSize, u.NDev = MaxDevices, MaxSlots, uint32(unsafe.Sizeof(Slot{})), 2
+	u.ReservedBytes[0] = 3 << 30
+	u.ClaimWeight = 1
+	copy(u.CgroupPath[:], "/gpuwarden-test/x")
+	u.Slots[3] = Slot{State: SlotLive, Pid: 42, StartTime: 7}
+	u.Slots[3].Bytes[0] = 3 << 30
+	return append([]byte(nil), unsafe.Slice((*byte)(unsafe.Pointer(&u)), UsageSize)...)
+}
+
+func TestParseUsage(t *testing.T) {
+	s, err := ParseUsage(validLedger())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Procs) != 1 || s.Procs[0].Pid != 42 || s.Procs[0].Bytes[0] != 3<<30 || s.CgroupPath != "/gpuwarden-test/x" ||
+		s.NDev != 2 || len(s.Problems) != 0 {
+		t.Fatalf("snapshot %+v", s)
+	}
+
+	// garbage fields are dropped and named, never trusted
+	b := validLedger()
+	off := int(unsafe.Offsetof(Usage{}.Slots)) + 5*int(unsafe.Sizeof(Slot{}))
+	binary.LittleEndian.PutUint32(b[off:], 9) // slot 5: unknown state
+	off = int(unsafe.Offsetof(Usage{}.Slots)) + 6*int(unsafe.Sizeof(Slot{}))
+	binary.LittleEndian.PutUint32(b[off:], SlotLive) // slot 6: live, pid 0
+	binary.LittleEndian.PutUint64(b[unsafe.Offsetof(Usage{}.ReservedBytes)+8:], 1<<60)
+	for i := range 512 {
+		b[int(unsafe.Offsetof(Usage{}.CgroupPath))+i] = 'x' // no NUL
+	}
+	s, err = ParseUsage(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(s.Procs) != 1 || len(s.Problems) != 4 || s.ReservedBytes[1] != 0 || s.CgroupPath != "" {
+		t.Fatalf("garbage accepted: procs %d problems %q", len(s.Procs), s.Problems)
+	}
+
+	for _, bad := range [][]byte{nil, make([]byte, UsageSize), validLedger()[:100]} {
+		if _, err := ParseUsage(bad); err == nil {
+			t.Errorf("accepted %d bytes of non-ledger", len(bad))
+		}
+	}
+}
+
+// FuzzParseUsage: any bytes give a snapshot or an error, never a panic, and
+// nothing implausible gets through.
+func FuzzParseUsage(f *testing.F) {
+	f.Add(validLedger())
+	f.Add([]byte{})
+	f.Add(validLedger()[:4096])
+	f.Fuzz(func(t *testing.T, b []byte) {
+		// keep the header valid most of the time, so the fuzzer reaches the fields
+		if len(b) >= 32 && b[0]&1 == 1 {
+			v := validLedger()
+			copy(v[32:], b[32:])
+			b = v
+		}
+		s, err := ParseUsage(b)
+		if err != nil {
+			return
+		}
+		for d := 0; d < MaxDevices; d++ {
+			if s.ReservedBytes[d] > MaxPlausibleBytes {
+				t.Fatal("implausible reserved bytes accepted")
+			}
+		}
+		for _, p := range s.Procs {
+			if p.Pid <= 0 || p.Slot < 0 || p.Slot >= MaxSlots {
+				t.Fatalf("bad process accepted: %+v", p)
+			}
+		}
+		if s.NDev > MaxDevices || s.ClaimComputeLimit > 100 {
+			t.Fatal("implausible claims accepted")
+		}
+	})
+}

@@ -1,0 +1,179 @@
+package interposer_test
+
+import (
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+)
+
+func runCmd(name string, args ...string) (string, error) {
+	out, err := exec.Command(name, args...).CombinedOutput()
+	return string(out), err
+}
+
+// agent writes the container's limits as the agent will.
+func (b *box) agent(cfg controlblock.LimitsConfig) *controlblock.LimitsFile {
+	b.t.Helper()
+	f, err := controlblock.CreateLimits(b.limitsPath(), cfg)
+	if err != nil {
+		b.t.Fatal(err)
+	}
+	b.t.Cleanup(func() { f.Close() })
+	return f
+}
+
+// TestAgentLimitsHotChange: with a limits file, the agent's limits hold (not
+// the environment's), and a new generation applies on the next call.
+func TestAgentLimitsHotChange(t *testing.T) {
+	b := newBox(t, 1, "16Gi", "GPUWARDEN_MEMORY_LIMIT=8Gi")
+	var cfg controlblock.LimitsConfig
+	cfg.MemLimit[0] = gi
+	lim := b.agent(cfg)
+	h := b.start("init", "ctx", "0", "alloc", "900Mi", "alloc", "200Mi", "hold", "alloc", "200Mi", "meminfo")
+	h.ready(t)
+	gen := lim.Update(func(c *controlblock.LimitsConfig) { c.MemLimit[0] = 2 * gi })
+	if gen != 2 {
+		t.Errorf("generation %d, want 2", gen)
+	}
+	h.resume()
+	out, err := h.Wait()
+	if err != nil {
+		t.Fatal(err, h.Stderr())
+	}
+	r := result{lines: dropReady(out)}
+	r.expect(t, "init CUDA_SUCCESS", "ctx CUDA_SUCCESS", "alloc CUDA_SUCCESS", "alloc CUDA_ERROR_OUT_OF_MEMORY",
+		"hold CUDA_SUCCESS", "alloc CUDA_SUCCESS", "meminfo CUDA_SUCCESS")
+	if tot := field(t, r.step(t, "meminfo", 0), "total"); tot != 2*gi {
+		t.Errorf("total after the change: %d, want %d", tot, 2*gi)
+	}
+}
+
+// TestStandaloneThenAgent: limits written after the workload started are
+// picked up without a restart.
+func TestStandaloneThenAgent(t *testing.T) {
+	b := newBox(t, 1, "16Gi", "GPUWARDEN_MEMORY_LIMIT=4Gi")
+	h := b.start("init", "ctx", "0", "alloc", "1Gi", "hold", "alloc", "1Gi")
+	h.ready(t)
+	var cfg controlblock.LimitsConfig
+	cfg.MemLimit[0] = 1536 * mi
+	b.agent(cfg)
+	time.Sleep(600 * time.Millisecond) // the reaper looks for it every 250 ms
+	h.resume()
+	out, _ := h.Wait()
+	if !strings.Contains(out, "alloc CUDA_ERROR_OUT_OF_MEMORY") {
+		t.Errorf("1Gi more under the agent's 1.5Gi:\n%s", out)
+	}
+}
+
+// TestLaunchGate: with the gate on, launches wait (without spinning) until
+// the agent raises the grant, and the wait is counted as throttled time.
+func TestLaunchGate(t *testing.T) {
+	b := newBox(t, 1, "16Gi")
+	lim := b.agent(controlblock.LimitsConfig{GateMask: 1, GraceNs: uint64(60 * time.Second)})
+	h := b.start("init", "ctx", "0", "launch", "10", "hold")
+	pid := 0
+	// the process reaches the gate: tickets are taken, the launches wait
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		lim.Heartbeat()
+		u, err := controlblock.OpenUsage(b.usagePath())
+		if err == nil {
+			issued := u.Issued(0)
+			u.Close()
+			if issued >= 1 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no launch reached the gate")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if err := lim.RaiseGrant(0, 5); err != nil { // not enough for 10
+		t.Fatal(err)
+	}
+	// tickets 2-5 run, the 6th waits
+	for b.ledger().LaunchesIssued[0] < 6 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if l := b.ledger(); l.LaunchesIssued[0] != 6 {
+		t.Errorf("issued %d tickets with grant 5, want 6 (5 ran, the 6th waits)", l.LaunchesIssued[0])
+	}
+	if err := lim.RaiseGrant(0, 1000); err != nil {
+		t.Fatal(err)
+	}
+	if line := h.WaitLine(t, "launch", 10*time.Second); !strings.Contains(line, "launch CUDA_SUCCESS") {
+		t.Errorf("launch: %s", line)
+	}
+	pid = h.ready(t)
+	p := proc(b.ledger(), pid)
+	if p == nil || p.Launches != 10 || p.ThrottledNs < uint64(300*time.Millisecond) {
+		t.Errorf("slot %+v: want 10 launches and >= 300ms throttled", p)
+	}
+	h.resume()
+	h.Wait()
+}
+
+// TestLaunchGateDeadAgent: an agent silent for longer than the grace period
+// no longer holds launches; lifting the gate releases waiters at once.
+func TestLaunchGateDeadAgent(t *testing.T) {
+	b := newBox(t, 1, "16Gi")
+	lim := b.agent(controlblock.LimitsConfig{GateMask: 1, GraceNs: uint64(700 * time.Millisecond)})
+	lim.Heartbeat()
+	start := time.Now()
+	r := b.run("init", "ctx", "0", "launch", "3")
+	r.expect(t, "init CUDA_SUCCESS", "ctx CUDA_SUCCESS", "launch CUDA_SUCCESS")
+	if el := time.Since(start); el < 400*time.Millisecond || el > 8*time.Second {
+		t.Errorf("launches under a silent agent took %v, want about the 700ms grace", el)
+	}
+
+	lim.Update(func(c *controlblock.LimitsConfig) { c.GraceNs = uint64(time.Minute) })
+	lim.Heartbeat()
+	h := b.start("init", "ctx", "0", "launch", "3", "hold")
+	time.Sleep(300 * time.Millisecond)
+	lim.Update(func(c *controlblock.LimitsConfig) { c.GateMask = 0 })
+	h.ready(t)
+	h.resume()
+	h.Wait()
+}
+
+// TestNVMLView: inside a container NVML shows the quota as the device's
+// memory and only the container's own processes.
+func TestNVMLView(t *testing.T) {
+	b := newBox(t, 1, "16Gi", "GPUWARDEN_MEMORY_LIMIT=2Gi")
+	mine := b.start("init", "ctx", "0", "alloc", "500Mi", "hold")
+	mypid := mine.ready(t)
+	other := b.sibling() // another container, no limit
+	theirs := other.start("init", "ctx", "0", "alloc", "1Gi", "hold")
+	theirpid := theirs.ready(t)
+
+	r := b.run("nvml")
+	line := r.step(t, "nvml", 0)
+	used := ctxReserve + 500*mi
+	if field(t, line, "total") != 2*gi || field(t, line, "used") != used || field(t, line, "free") != 2*gi-used ||
+		field(t, line, "total2") != 2*gi || field(t, line, "count") != 1 {
+		t.Errorf("container view: %s", line)
+	}
+	want := " procs=" + itoa(mypid) + ":" + itoa(int(used)) + " procs1=" + itoa(mypid) + ":" + itoa(int(used))
+	if !strings.Contains(line, want) {
+		t.Errorf("container view %s, want%s", line, want)
+	}
+
+	// without the interposer, NVML sees the whole device
+	cmd := exec.Command(b.check().Path, "nvml")
+	cmd.Env = append(cleanEnv(), b.m.Env()...)
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := string(out); !strings.Contains(s, "total=17179869184") || !strings.Contains(s, itoa(theirpid)+":") {
+		t.Errorf("host view: %s", s)
+	}
+	mine.resume()
+	theirs.resume()
+}

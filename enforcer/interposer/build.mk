@@ -1,0 +1,32 @@
+# enforcer/interposer: libgpuwarden.so and its test programs (included by the top Makefile).
+GW_DIR      := enforcer/interposer
+GW_SRC      := $(wildcard $(GW_DIR)/src/*.c)
+GW_HDR      := $(wildcard $(GW_DIR)/src/*.h) $(GW_DIR)/gpuwarden_abi.h simgpu/include/cuda.h simgpu/include/nvml.h
+GW_INC      := -Isimgpu/include -I$(GW_DIR) -I$(GW_DIR)/src
+GW_TESTPROG := $(BIN)/interposer/gw-check $(BIN)/interposer/gw-bench $(BIN)/interposer/gw-envcheck
+
+BUILD_TARGETS += $(BIN)/libgpuwarden.so $(GW_TESTPROG)
+DEPS_TEST     += clang libclang-rt-dev
+
+# Only the hooks are exported (visibility hidden + the version script).
+$(BIN)/libgpuwarden.so: $(GW_SRC) $(GW_HDR) $(GW_DIR)/exports.map
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(GW_INC) -shared -Wl,--version-script=$(GW_DIR)/exports.map \
+		-Wl,-soname,libgpuwarden.so -Wl,-z,now -o $@ $(GW_SRC) -ldl -pthread
+
+# Test programs link simgpu's driver directly (the "direct" hook path) and
+# reach it by dlsym and cuGetProcAddress too; run them with LD_PRELOAD.
+$(BIN)/interposer/gw-check: $(GW_DIR)/tests/gw_check.c simgpu/include/cuda.h simgpu/include/nvml.h $(BIN)/simgpu/libcuda.so.1 $(BIN)/simgpu/libnvidia-ml.so.1
+	@mkdir -p $(@D)
+	$(CC) -std=gnu11 -O1 -g -Wall -Wextra -Werror -pthread -Isimgpu/include -o $@ $< \
+		-L$(BIN)/simgpu -l:libcuda.so.1 -l:libnvidia-ml.so.1 -ldl -Wl,-rpath,'$$ORIGIN/../simgpu'
+
+$(BIN)/interposer/gw-bench: $(GW_DIR)/tests/gw_bench.c simgpu/include/cuda.h $(BIN)/simgpu/libcuda.so.1
+	@mkdir -p $(@D)
+	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -Werror -pthread -Isimgpu/include -o $@ $< \
+		-L$(BIN)/simgpu -l:libcuda.so.1 -Wl,-rpath,'$$ORIGIN/../simgpu'
+
+# The C environment parser on its own, for the Go twin's differential test.
+$(BIN)/interposer/gw-envcheck: $(GW_DIR)/tests/gw_envcheck.c $(GW_DIR)/src/env.c $(GW_DIR)/src/env.h $(GW_DIR)/gpuwarden_abi.h
+	@mkdir -p $(@D)
+	$(CC) -std=gnu11 -O1 -g -Wall -Wextra -Werror $(GW_INC) -o $@ $< $(GW_DIR)/src/env.c

@@ -1,0 +1,124 @@
+/* gpuwarden's control block: the one definition of the files the interposer
+ * (libgpuwarden.so) and the agent share, per container, under the control
+ * directory (GPUWARDEN_CONTROL_DIR, default /run/gpuwarden):
+ *
+ *   <control dir>/<container key>/limits  written by the agent only; mounted
+ *                                         read-only into the container
+ *   <control dir>/<container key>/usage   written by the container's processes;
+ *                                         untrusted input to everything else
+ *
+ * The container key is the process's cgroup v2 path escaped into one
+ * directory name (README.md in this directory gives the rule; Go computes it
+ * in enforcer/controlblock). Both files are little-endian, fixed-size, and
+ * mapped MAP_SHARED by every party. Fields that more than one process touches
+ * at once are _Atomic; the Go side (enforcer/controlblock) mirrors this layout
+ * and a test checks every offset and size against this header.
+ *
+ * Versioning: readers require the same major version and a size at least
+ * their own struct's size; a minor version only adds fields inside the
+ * reserved space, which writers of an older minor leave zero.
+ */
+#ifndef GPUWARDEN_ABI_H
+#define GPUWARDEN_ABI_H
+
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define GW_ABI_MAJOR 1
+#define GW_ABI_MINOR 0
+
+#define GW_MAX_DEVICES 16  /* device ordinals as the container's processes see them */
+#define GW_MAX_SLOTS 128   /* processes per container using the GPU at once */
+#define GW_CGROUP_PATH_MAX 512
+
+#define GW_LIMITS_MAGIC 0x5354494d494c5747ull /* "GWLIMITS" */
+#define GW_USAGE_MAGIC 0x0045474153555747ull  /* "GWUSAGE\0" */
+
+#define GW_DEFAULT_CONTEXT_RESERVE (64ull << 20)   /* bytes charged per context */
+#define GW_DEFAULT_GRACE_NS 10000000000ull         /* an agent silent this long lifts the gate */
+
+/* One device's launch gate, on a cache line of its own. The agent raises
+ * grant (monotonically) and then bumps wake and FUTEX_WAKEs it; a launch
+ * holding ticket t (from usage.launches_issued) runs once t <= grant. */
+struct gw_gate {
+    _Atomic uint64_t grant;   /* launches allowed on this device, container-wide, since usage was created */
+    _Atomic uint32_t wake;    /* futex word: +1 after every grant change */
+    uint32_t pad0;
+    uint64_t reserved[6];
+};
+
+enum gw_priority { GW_PRIORITY_NORMAL = 0, GW_PRIORITY_HIGH = 1 };
+
+/* limits: the agent's word on one container. */
+struct gw_limits {
+    uint64_t magic;                 /* GW_LIMITS_MAGIC */
+    uint16_t abi_major;             /* GW_ABI_MAJOR */
+    uint16_t abi_minor;             /* GW_ABI_MINOR */
+    uint32_t size;                  /* sizeof(struct gw_limits) of the writer */
+    _Atomic uint64_t seq;           /* seqlock over the config below: odd while the agent writes it */
+    /* config: read only under seq */
+    _Atomic uint64_t generation;    /* the agent's config number; raised on every change */
+    _Atomic uint64_t context_reserve; /* bytes charged per context; 0 means GW_DEFAULT_CONTEXT_RESERVE */
+    _Atomic uint64_t grace_ns;      /* heartbeat older than this lifts the gate; 0 means GW_DEFAULT_GRACE_NS */
+    _Atomic uint32_t gate_mask;     /* bit d set: launches on device d wait for grants */
+    _Atomic uint32_t ndev;          /* informational: devices the agent configured */
+    _Atomic uint64_t mem_limit[GW_MAX_DEVICES]; /* bytes per device, container-wide; 0 means no limit */
+    uint64_t reserved_config[8];
+    /* live: outside the seqlock */
+    _Atomic uint64_t heartbeat_ns;  /* CLOCK_MONOTONIC ns of the agent's last beat */
+    struct gw_gate gate[GW_MAX_DEVICES];
+    uint8_t reserved[768];
+};
+
+enum gw_slot_state { GW_SLOT_FREE = 0, GW_SLOT_CLAIMING = 1, GW_SLOT_LIVE = 2, GW_SLOT_REAPING = 3 };
+
+/* One process of the container. */
+struct gw_slot {
+    _Atomic uint32_t state;         /* enum gw_slot_state */
+    _Atomic int32_t pid;            /* as the container's pid namespace sees it */
+    _Atomic uint64_t start_time;    /* /proc/<pid>/stat field 22 (clock ticks since boot) */
+    _Atomic uint64_t bytes[GW_MAX_DEVICES]; /* device bytes this process holds, context reserve included */
+    _Atomic uint64_t launches;      /* kernel and graph launches */
+    _Atomic uint64_t throttled_ns;  /* time launches waited at the gate */
+    _Atomic uint64_t alloc_failures; /* allocations refused for the quota */
+    uint8_t reserved[88];
+};
+
+enum gw_claim_flags { GW_CLAIM_MEMORY_SET = 1 }; /* the environment set a memory limit */
+
+/* usage: the container's ledger. */
+struct gw_usage {
+    uint64_t magic;                 /* GW_USAGE_MAGIC */
+    uint16_t abi_major;
+    uint16_t abi_minor;
+    uint32_t size;                  /* sizeof(struct gw_usage) */
+    uint32_t max_devices;           /* GW_MAX_DEVICES */
+    uint32_t max_slots;             /* GW_MAX_SLOTS */
+    uint32_t slot_size;             /* sizeof(struct gw_slot) */
+    _Atomic uint32_t ndev;          /* devices the processes see (cuDeviceGetCount) */
+    _Atomic uint64_t reserved_bytes[GW_MAX_DEVICES];  /* container-wide, the quota counter */
+    _Atomic uint64_t launches_issued[GW_MAX_DEVICES]; /* gate tickets taken, container-wide */
+    _Atomic uint64_t alloc_failures[GW_MAX_DEVICES];  /* allocations refused for the quota */
+    /* what the container claims from its environment (for standalone mode and the agent) */
+    _Atomic uint64_t claim_mem_limit[GW_MAX_DEVICES]; /* bytes, 0 none */
+    _Atomic uint32_t claim_weight;  /* GPUWARDEN_COMPUTE_WEIGHT / ALIYUN_COM_GPU_SCHD_WEIGHT */
+    _Atomic uint32_t claim_compute_limit; /* percent, 0 none */
+    _Atomic uint32_t claim_priority;      /* enum gw_priority */
+    _Atomic uint32_t claim_flags;         /* enum gw_claim_flags */
+    _Atomic uint64_t cgroup_id;           /* inode of the cgroup directory, 0 unknown */
+    char cgroup_path[GW_CGROUP_PATH_MAX]; /* as /proc/self/cgroup shows it, NUL-terminated; set at creation */
+    uint8_t dev_uuid[GW_MAX_DEVICES][16]; /* CUDA UUID of each ordinal; zero unknown */
+    uint8_t reserved[2760];
+    struct gw_slot slots[GW_MAX_SLOTS];
+};
+
+/* The layout is the ABI: these hold on every compiler that builds it. */
+_Static_assert(sizeof(struct gw_gate) == 64, "gw_gate");
+_Static_assert(offsetof(struct gw_limits, gate) == 256, "gw_limits.gate");
+_Static_assert(sizeof(struct gw_limits) == 2048, "gw_limits");
+_Static_assert(sizeof(struct gw_slot) == 256, "gw_slot");
+_Static_assert(offsetof(struct gw_usage, slots) == 4096, "gw_usage.slots");
+_Static_assert(sizeof(struct gw_usage) == 4096 + GW_MAX_SLOTS * 256, "gw_usage");
+
+#endif

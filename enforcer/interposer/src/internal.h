@@ -1,0 +1,83 @@
+/* What libgpuwarden.so's files share. Not installed, not an ABI. */
+#ifndef GW_INTERNAL_H
+#define GW_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "env.h"
+#include "gpuwarden_abi.h"
+#include "hooks.h"
+
+#define GW_LIKELY(x) __builtin_expect(!!(x), 1)
+#define GW_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* procaddr.c: the backend and the substitution table */
+extern struct gw_backend gw_be;
+int gw_cuda_load(void);      /* fills the CUDA part of gw_be once; 0 when libcuda is there */
+int gw_nvml_load(void);      /* the NVML part */
+void *gw_real_dlsym(void *handle, const char *name);
+
+/* init.c: process state.
+ * gw_state: GW_UNINIT until the first hooked call; GW_FAILED when the
+ * environment or a control block is malformed (every hook then fails);
+ * GW_CORE once they are read; GW_READY once this process has a ledger slot. */
+enum { GW_FAILED = -1, GW_UNINIT = 0, GW_CORE = 1, GW_READY = 2 };
+extern _Atomic int gw_state;
+extern struct gw_env gw_env;            /* parsed once, at init */
+extern struct gw_usage *gw_usage;       /* the container's ledger (read-write) */
+extern struct gw_slot *_Atomic gw_slot; /* this process's slot, when GW_READY */
+extern __thread int gw_in_hook __attribute__((tls_model("initial-exec")));
+
+int gw_core(void);       /* runs init once; GW_FAILED, GW_CORE or GW_READY */
+int gw_activate(void);   /* claims a slot; 0 on success, else a CUresult */
+void gw_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* What every hook returns once init failed (hook.h's GW_ENTER). */
+#define GW_FAILED_CUDA CUDA_ERROR_NOT_PERMITTED
+#define GW_FAILED_NVML NVML_ERROR_NO_PERMISSION
+
+/* ledger.c: usage and limits files, reservations, reaping */
+int gw_ledger_open(const char *dir, const char *key, const char *cgpath, char *err, size_t errlen);
+int gw_limits_open(char *err, size_t errlen); /* 0 mapped or absent, -1 malformed */
+void gw_record_claims(void);
+extern pthread_mutex_t gw_lim_mu;
+void gw_limits_poll_file(void);  /* maps limits if it appeared since */
+extern struct gw_limits *_Atomic gw_limits;
+extern _Atomic uint64_t gw_limits_seq;  /* seq of the snapshot below */
+void gw_limits_refresh(void);
+static inline void gw_limits_check(void) {
+    struct gw_limits *l = atomic_load_explicit(&gw_limits, memory_order_acquire);
+    if (GW_UNLIKELY(l && atomic_load_explicit(&l->seq, memory_order_relaxed) !=
+                             atomic_load_explicit(&gw_limits_seq, memory_order_relaxed)))
+        gw_limits_refresh();
+}
+extern _Atomic uint32_t gw_snap_gate_mask;
+uint64_t gw_limit(int dev);           /* bytes, 0 = none */
+uint64_t gw_context_reserve(void);
+uint64_t gw_generation(void);
+int gw_reserve(int dev, uint64_t bytes); /* 1 reserved, 0 over the quota */
+void gw_release(int dev, uint64_t bytes);
+struct gw_slot *gw_slot_claim(void);
+void gw_slot_release_self(void);
+void gw_reap_dead(void);
+uint64_t gw_proc_start_time(int pid);
+void gw_record_devices(void);
+
+/* memory.c */
+void gw_pending_poll(int wait);   /* releases stream-ordered frees that completed */
+void gw_release_ctx(CUcontext ctx);
+void gw_memory_atfork(int phase); /* 0 prepare, 1 parent, 2 child */
+
+/* context.c */
+void gw_context_atfork(int phase);
+
+/* launch.c */
+CUresult gw_gate_wait(void);
+
+/* time */
+uint64_t gw_now_ns(void); /* CLOCK_MONOTONIC */
+
+#endif
