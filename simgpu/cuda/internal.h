@@ -114,6 +114,7 @@ int sg_ctx_valid(struct CUctx_st *c);
 enum sg_alloc_kind { SG_ALLOC_LINEAR, SG_ALLOC_MANAGED, SG_ALLOC_ASYNC, SG_ALLOC_MAPPED };
 struct sg_alloc_rec {
     CUdeviceptr base;
+    void *raw;         /* the host block behind base */
     size_t bytes;
     struct CUctx_st *ctx;
     int dev;

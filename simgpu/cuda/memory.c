@@ -48,21 +48,41 @@ void *sg_host_range(CUdeviceptr p, size_t n) {
     return host;
 }
 
+#define SG_SMALL_ALLOC (64u << 10)
+#define SG_ALIGN 256 /* what cudaMalloc guarantees */
+
+/* Host memory stands in for device memory, so copies really copy. Large
+ * blocks are mapped, touched only where written; small ones come from the
+ * heap (over-allocated and aligned by hand: memalign fragments glibc's heap),
+ * so that allocating them costs about what a driver's cache does. */
+static void *host_alloc(size_t bytes, void **raw) {
+    if (bytes > SG_SMALL_ALLOC) {
+        void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        return *raw = p == MAP_FAILED ? NULL : p;
+    }
+    *raw = malloc(bytes + SG_ALIGN - 1);
+    return *raw ? (void *)(((uintptr_t)*raw + SG_ALIGN - 1) & ~(uintptr_t)(SG_ALIGN - 1)) : NULL;
+}
+
+static void host_free(void *raw, size_t bytes) {
+    if (bytes > SG_SMALL_ALLOC) munmap(raw, bytes);
+    else free(raw);
+}
+
 CUresult sg_alloc(struct CUctx_st *ctx, int dev, size_t bytes, enum sg_alloc_kind kind, int charge,
                   CUdeviceptr *out) {
     struct sg_state *s = sg_ready();
     if (!bytes) return CUDA_ERROR_INVALID_VALUE;
     if (charge && !sg_mem_charge(s, dev, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
     struct sg_alloc_rec *r = calloc(1, sizeof *r);
-    /* Host memory stands in for device memory, so copies really copy; it is
-     * touched only where written. */
-    void *host = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    if (!r || host == MAP_FAILED) {
+    void *raw = NULL, *host = host_alloc(bytes, &raw);
+    if (!r || !host) {
         free(r);
-        if (host != MAP_FAILED) munmap(host, bytes);
+        if (host) host_free(raw, bytes);
         if (charge) sg_mem_uncharge(s, dev, bytes);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
+    r->raw = raw;
     r->base = (CUdeviceptr)(uintptr_t)host;
     r->bytes = bytes;
     r->ctx = ctx;
@@ -75,7 +95,7 @@ CUresult sg_alloc(struct CUctx_st *ctx, int dev, size_t bytes, enum sg_alloc_kin
 }
 
 static void release(struct sg_alloc_rec *r) {
-    munmap((void *)(uintptr_t)r->base, r->bytes);
+    host_free(r->raw, r->bytes);
     if (r->charged) sg_mem_uncharge(sg_ready(), r->dev, r->bytes);
     free(r);
 }

@@ -200,9 +200,17 @@ void sg_reap_dead(struct sg_state *s) {
     }
 }
 
-static struct sg_proc *g_self;
+/* This process's slot. A forked child starts with none (the atfork handler
+ * clears it), so the hot path needs no getpid() system call. */
+static struct sg_proc *_Atomic g_self;
 static pid_t g_self_pid;
 static pthread_mutex_t g_self_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void forget_self_in_child(void) {
+    atomic_store(&g_self, NULL);
+    g_self_pid = 0;
+    pthread_mutex_init(&g_self_mu, NULL);
+}
 
 static struct sg_proc *claim_slot(struct sg_state *s) {
     pid_t pid = getpid();
@@ -226,32 +234,35 @@ static struct sg_proc *claim_slot(struct sg_state *s) {
 
 /* A normally exiting process gives its slot back at once; a killed one is reaped. */
 static void release_self(void) {
-    if (g_self && g_self_pid == getpid() && g_state) {
+    struct sg_proc *me = atomic_load(&g_self);
+    if (me && g_self_pid == getpid() && g_state) {
         uint32_t live = SG_PROC_LIVE;
-        if (atomic_compare_exchange_strong(&g_self->state, &live, SG_PROC_REAPING))
-            release_slot(g_state, g_self);
+        if (atomic_compare_exchange_strong(&me->state, &live, SG_PROC_REAPING)) release_slot(g_state, me);
     }
 }
 
 struct sg_proc *sg_proc_self(struct sg_state *s) {
-    pid_t pid = getpid();
-    if (__atomic_load_n(&g_self_pid, __ATOMIC_ACQUIRE) == pid) return g_self;
+    struct sg_proc *me = atomic_load_explicit(&g_self, memory_order_acquire);
+    if (me) return me;
     pthread_mutex_lock(&g_self_mu);
-    if (g_self_pid != pid) {
+    if (!(me = atomic_load(&g_self))) {
         static int registered;
-        struct sg_proc *p = claim_slot(s);
-        if (!p) {
+        me = claim_slot(s);
+        if (!me) {
             sg_reap_dead(s);
-            p = claim_slot(s);
+            me = claim_slot(s);
         }
-        if (p) {
-            g_self = p;
-            __atomic_store_n(&g_self_pid, pid, __ATOMIC_RELEASE);
-            if (!registered++) atexit(release_self);
+        if (me) {
+            g_self_pid = getpid();
+            atomic_store_explicit(&g_self, me, memory_order_release);
+            if (!registered++) {
+                atexit(release_self);
+                pthread_atfork(NULL, NULL, forget_self_in_child);
+            }
         }
     }
     pthread_mutex_unlock(&g_self_mu);
-    return g_self_pid == pid ? g_self : NULL;
+    return me;
 }
 
 int sg_mem_charge(struct sg_state *s, int dev, uint64_t bytes) {
