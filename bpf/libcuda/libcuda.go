@@ -1,0 +1,171 @@
+// Package libcuda finds the libcuda files a node's processes use: the one
+// the host's dynamic linker knows (ldconfig), and any mapped by a running
+// process, whatever its path or mount namespace. Each file is known by its
+// device and inode, so a bind mount of the host's file is the same file.
+package libcuda
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+)
+
+// DefaultSoname is the library the host's driver installs.
+const DefaultSoname = "libcuda.so.1"
+
+// FileID identifies a file: its device and inode.
+type FileID struct {
+	Dev, Ino uint64
+}
+
+func (f FileID) String() string { return fmt.Sprintf("%d:%d", f.Dev, f.Ino) }
+
+// Identify stats path (following links) and returns its FileID.
+func Identify(path string) (FileID, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(path, &st); err != nil {
+		return FileID{}, fmt.Errorf("stat %s: %w", path, err)
+	}
+	return FileID{Dev: uint64(st.Dev), Ino: st.Ino}, nil
+}
+
+// FromLdconfig returns where the dynamic linker finds soname, per `ldconfig -p`,
+// for this machine's word size (x86-64). None found is no error.
+func FromLdconfig(ctx context.Context, soname string) ([]string, error) {
+	out, err := exec.CommandContext(ctx, "ldconfig", "-p").Output()
+	if err != nil {
+		// Debian keeps ldconfig in /sbin, not always on a user's PATH.
+		out, err = exec.CommandContext(ctx, "/sbin/ldconfig", "-p").Output()
+		if err != nil {
+			return nil, fmt.Errorf("run ldconfig -p: %w", err)
+		}
+	}
+	return ParseLdconfig(bytes.NewReader(out), soname), nil
+}
+
+// ParseLdconfig reads `ldconfig -p` output: lines like
+// "	libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1".
+// Only 64-bit x86 entries count (the probes are built for x86-64).
+func ParseLdconfig(r io.Reader, soname string) []string {
+	var paths []string
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		name, rest, ok := strings.Cut(strings.TrimSpace(sc.Text()), " ")
+		if !ok || name != soname {
+			continue
+		}
+		attrs, path, ok := strings.Cut(rest, "=>")
+		if !ok || !strings.Contains(attrs, "x86-64") {
+			continue
+		}
+		paths = append(paths, strings.TrimSpace(path))
+	}
+	return paths
+}
+
+// Mapping is a libcuda file mapped by a process.
+type Mapping struct {
+	PID      int
+	Path     string // as the process's maps show it (inside its mount namespace)
+	OpenPath string // a path the agent can open it by: /proc/<pid>/map_files/<range> or /proc/<pid>/root/<path>
+	File     FileID
+}
+
+// IsLibcuda tells whether a mapped path is a libcuda (libcuda.so, .so.1, .so.550.54.15).
+func IsLibcuda(path string) bool {
+	base := filepath.Base(strings.TrimSuffix(path, " (deleted)"))
+	return base == "libcuda.so" || strings.HasPrefix(base, "libcuda.so.")
+}
+
+// MapsEntry is one line of /proc/<pid>/maps that maps a libcuda file.
+type MapsEntry struct {
+	Range string // "7f12a0000000-7f12a0200000"
+	Path  string
+}
+
+// ParseMaps returns the first mapping of each distinct libcuda path in a
+// /proc/<pid>/maps file.
+func ParseMaps(data []byte) []MapsEntry {
+	if !bytes.Contains(data, []byte("libcuda.so")) {
+		return nil
+	}
+	var out []MapsEntry
+	seen := map[string]bool{}
+	for len(data) > 0 {
+		line := data
+		if i := bytes.IndexByte(data, '\n'); i >= 0 {
+			line, data = data[:i], data[i+1:]
+		} else {
+			data = nil
+		}
+		if !bytes.Contains(line, []byte("libcuda.so")) {
+			continue
+		}
+		// range perms offset dev inode path
+		f := strings.Fields(string(line))
+		if len(f) < 6 {
+			continue
+		}
+		path := strings.Join(f[5:], " ")
+		if !IsLibcuda(path) || seen[path] {
+			continue
+		}
+		seen[path] = true
+		out = append(out, MapsEntry{Range: f[0], Path: path})
+	}
+	return out
+}
+
+// Scan reads every process's maps under procRoot (normally /proc) and
+// returns one Mapping per distinct libcuda file (by the first process found
+// mapping it).
+func Scan(procRoot string) (map[FileID]Mapping, error) {
+	ents, err := os.ReadDir(procRoot)
+	if err != nil {
+		return nil, fmt.Errorf("scan processes: %w", err)
+	}
+	found := map[FileID]Mapping{}
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid <= 0 {
+			continue
+		}
+		data, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "maps"))
+		if err != nil {
+			continue // gone, or a kernel thread
+		}
+		for _, m := range ParseMaps(data) {
+			mp, ok := open(procRoot, pid, m)
+			if !ok {
+				continue
+			}
+			if _, dup := found[mp.File]; !dup {
+				found[mp.File] = mp
+			}
+		}
+	}
+	return found, nil
+}
+
+// open finds a path the agent can open the mapped file by: the map_files
+// link (works for deleted files and any mount namespace; needs
+// CAP_SYS_ADMIN), else the path under the process's root.
+func open(procRoot string, pid int, m MapsEntry) (Mapping, bool) {
+	for _, p := range []string{
+		filepath.Join(procRoot, strconv.Itoa(pid), "map_files", m.Range),
+		filepath.Join(procRoot, strconv.Itoa(pid), "root", strings.TrimSuffix(m.Path, " (deleted)")),
+	} {
+		if id, err := Identify(p); err == nil {
+			return Mapping{PID: pid, Path: m.Path, OpenPath: p, File: id}, true
+		}
+	}
+	return Mapping{}, false
+}

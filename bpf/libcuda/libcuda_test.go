@@ -1,0 +1,87 @@
+package libcuda
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestParseLdconfig(t *testing.T) {
+	out := `612 libs found in cache ` + "`/etc/ld.so.cache'" + `
+	libcudart.so.12 (libc6,x86-64) => /usr/local/cuda/lib64/libcudart.so.12
+	libcuda.so.1 (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so.1
+	libcuda.so.1 (libc6) => /usr/lib/i386-linux-gnu/libcuda.so.1
+	libcuda.so (libc6,x86-64) => /usr/lib/x86_64-linux-gnu/libcuda.so
+`
+	got := ParseLdconfig(strings.NewReader(out), "libcuda.so.1")
+	want := []string{"/usr/lib/x86_64-linux-gnu/libcuda.so.1"}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("ParseLdconfig = %v, want %v", got, want)
+	}
+}
+
+func TestParseMaps(t *testing.T) {
+	maps := `55d4c0a00000-55d4c0a02000 r--p 00000000 fe:00 131 /usr/bin/python3
+7f1200000000-7f1200100000 r--p 00000000 fe:00 4242 /usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15
+7f1200100000-7f1200900000 r-xp 00100000 fe:00 4242 /usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15
+7f1300000000-7f1300010000 r-xp 00000000 fe:00 77 /tmp/my dir/libcuda.so.1 (deleted)
+7f1400000000-7f1400010000 r-xp 00000000 fe:00 78 /opt/libcudart.so.12
+7f1500000000-7f1500010000 rw-p 00000000 00:00 0 
+`
+	got := ParseMaps([]byte(maps))
+	want := []MapsEntry{
+		{Range: "7f1200000000-7f1200100000", Path: "/usr/lib/x86_64-linux-gnu/libcuda.so.550.54.15"},
+		{Range: "7f1300000000-7f1300010000", Path: "/tmp/my dir/libcuda.so.1 (deleted)"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("ParseMaps = %+v, want %+v", got, want)
+	}
+	if ParseMaps([]byte("7f-80 r-xp 0 0:0 1 /lib/libc.so.6\n")) != nil {
+		t.Error("a maps file without libcuda gave entries")
+	}
+}
+
+func TestIsLibcuda(t *testing.T) {
+	for path, want := range map[string]bool{
+		"/usr/lib/libcuda.so":            true,
+		"/usr/lib/libcuda.so.1":          true,
+		"/usr/lib/libcuda.so.550.54.15":  true,
+		"/x/libcuda.so.1 (deleted)":      true,
+		"/usr/lib/libcudart.so.12":       false,
+		"/usr/lib/libcuda.so.1.bak/file": false,
+		"/usr/lib/libcudadebugger.so.1":  false,
+	} {
+		if got := IsLibcuda(path); got != want {
+			t.Errorf("IsLibcuda(%q) = %v, want %v", path, got, want)
+		}
+	}
+}
+
+// Scan over a fake proc root: the maps file names the library, and the
+// root/ path leads to it (map_files is absent in the fixture).
+func TestScanFixture(t *testing.T) {
+	proc := t.TempDir()
+	lib := filepath.Join(proc, "42", "root", "opt", "libcuda.so.1")
+	if err := os.MkdirAll(filepath.Dir(lib), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(lib, []byte("ELF"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	maps := "7f00-7f10 r-xp 00000000 fe:00 9 /opt/libcuda.so.1\n"
+	if err := os.WriteFile(filepath.Join(proc, "42", "maps"), []byte(maps), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	os.MkdirAll(filepath.Join(proc, "self"), 0o755) // not a pid: ignored
+	found, err := Scan(proc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := Identify(lib)
+	m, ok := found[id]
+	if len(found) != 1 || !ok || m.PID != 42 || m.OpenPath != lib || m.Path != "/opt/libcuda.so.1" {
+		t.Errorf("Scan = %+v, want one mapping of %s by pid 42", found, lib)
+	}
+}

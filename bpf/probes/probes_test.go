@@ -1,0 +1,49 @@
+package probes
+
+import (
+	"testing"
+
+	"github.com/gpuwarden/gpuwarden/bpf/internal/bpftest"
+	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
+)
+
+// Loading, attaching to simgpu's libcuda and counting one allocation, without
+// the observer around it.
+func TestLoadAttachCount(t *testing.T) {
+	dir := bpftest.PinDir(t)
+	p, err := Open(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	lib, err := p.Attach(simtest.Bin(t, "simgpu/libcuda.so.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lib.Detach()
+	if len(lib.Missing) > 0 {
+		t.Errorf("simgpu's libcuda lacks %v", lib.Missing)
+	}
+	cg := simtest.NewCgroup(t, "probes")
+	m := simtest.NewMachine(t, 2, "4Gi")
+	prog := bpftest.StartProg(t, cg.Place(m.Command(simtest.Bin(t, "bpf/cuda-alloc"))))
+	prog.Do(t, "ctx 1")
+	prog.Do(t, "alloc linear 12345")
+	u, err := p.Usage()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := u[Key{cg.ID, 1}]
+	if got.Bytes != 12345 || got.Allocs != 1 || got.CtxCreated != 1 {
+		t.Errorf("usage of cgroup %d device 1 = %+v, want 12345 bytes in 1 alloc, 1 context; all: %+v", cg.ID, got, u)
+	}
+	prog.Quit(t)
+	u, _ = p.Usage()
+	if got := u[Key{cg.ID, 1}]; got.Bytes != 0 || got.ExitFreedBytes != 12345 || got.CtxDestroyed != 1 {
+		t.Errorf("after exit: %+v, want 0 bytes, 12345 given back at exit, 1 context gone", got)
+	}
+	// The dead process's pointer entry goes with the garbage.
+	if n, err := p.CollectGarbage(); err != nil || n < 1 {
+		t.Errorf("CollectGarbage = %d, %v; want >= 1 entry removed", n, err)
+	}
+}
