@@ -19,6 +19,7 @@ type subcommand struct {
 }
 
 var subcommands = map[string]subcommand{
+	"agent":   {"run the node agent (metrics, API, observation, enforcement)", runAgent},
 	"bench":   {"print benchmark figures as BENCH lines", runBench},
 	"demo":    {"run workloads on the simulated GPU and show what gpuwarden sees", runDemo},
 	"version": {"print the version", runVersion},

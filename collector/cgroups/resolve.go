@@ -79,7 +79,10 @@ func (r *Resolver) Path(id uint64) (string, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if p, ok := r.byID[id]; ok {
-		return p, true
+		if got, err := r.ID(p); err == nil && got == id {
+			return p, true
+		}
+		delete(r.byID, id) // removed (or replaced) since the last walk
 	}
 	if time.Since(r.lastWalk) < r.minWalk {
 		return "", false

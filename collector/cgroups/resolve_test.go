@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"testing"
+	"time"
 
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
@@ -25,6 +26,20 @@ func TestResolverFindsTestCgroup(t *testing.T) {
 	}
 	if _, ok := r.Path(1 << 62); ok {
 		t.Error("an id no cgroup has resolved to a path")
+	}
+	gone := simtest.NewCgroup(t, "gone")
+	if _, ok := r.Path(gone.ID); ok {
+		t.Error("a cgroup made after the last walk resolved before the walk interval passed")
+	}
+	time.Sleep(1100 * time.Millisecond)
+	if p, ok := r.Path(gone.ID); !ok || p != gone.Rel {
+		t.Fatalf("Path(new cgroup) = %q, %v; want %q", p, ok, gone.Rel)
+	}
+	if err := os.Remove(gone.Path); err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := r.Path(gone.ID); ok {
+		t.Errorf("a removed cgroup still resolves to %q", p)
 	}
 
 	cmd := cg.Place(exec.Command("sleep", "10"))

@@ -47,3 +47,18 @@ func TestListWithoutKubelet(t *testing.T) {
 		t.Error("List without a kubelet gave no error")
 	}
 }
+
+func TestLabelsByAllocationDir(t *testing.T) {
+	as := []kubelet.Assignment{
+		{Namespace: "ml", Pod: "trainer-0", Container: "main", Resource: "gpuwarden.io/gpu", DeviceIDs: []string{"b", "a"}},
+		{Namespace: "ml", Pod: "trainer-1", Container: "main", Resource: "gpuwarden.io/gpu", DeviceIDs: []string{"c"}},
+	}
+	dirName := func(ids []string) string { return "alloc-" + strings.Join(ids, "+") }
+	label := kubelet.Labels(as, dirName)
+	if ns, pod, c, ok := label("alloc-b+a", "/kubepods/x"); !ok || ns != "ml" || pod != "trainer-0" || c != "main" {
+		t.Errorf("label(alloc-b+a) = %q %q %q %v", ns, pod, c, ok)
+	}
+	if _, _, _, ok := label("alloc-z", "/kubepods/y"); ok {
+		t.Error("a directory no assignment names was labelled")
+	}
+}

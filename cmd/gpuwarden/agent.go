@@ -1,0 +1,66 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/pflag"
+
+	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/agent"
+	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/config"
+)
+
+// runAgent is `gpuwarden agent`: the node daemon, until SIGTERM or SIGINT.
+func runAgent(args []string, stdout, stderr io.Writer) int {
+	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	config.Flags(fs)
+	check := fs.Bool("check-config", false, "validate the configuration and exit")
+	reference := fs.Bool("print-config-reference", false, "print the configuration reference table (Markdown) and exit")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *reference {
+		fmt.Fprint(stdout, config.Reference())
+		return 0
+	}
+	cfg, err := config.Load(fs, os.Environ())
+	if err != nil {
+		fmt.Fprintf(stderr, "gpuwarden agent: %v\n", err)
+		return 2
+	}
+	if *check {
+		fmt.Fprintln(stdout, "configuration is valid")
+		return 0
+	}
+	log := newLogger(cfg, stderr)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	a, err := agent.Start(ctx, cfg, version, log)
+	if err != nil {
+		log.Error("agent failed to start", "err", err)
+		return 1
+	}
+	<-ctx.Done()
+	log.Info("shutting down")
+	if err := a.Close(); err != nil {
+		log.Error("shutdown", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func newLogger(cfg config.Config, w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.Log.Level))
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.Log.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}

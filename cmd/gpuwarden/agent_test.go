@@ -1,0 +1,159 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpuwarden/gpuwarden/collector"
+	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
+)
+
+const gib = 1 << 30
+
+// TestAgentReportsContainers runs the real agent on simgpu with two
+// "containers" (cgroups): one under the interposer with a quota, one that
+// bypasses it. The scraped figures are what the workloads did.
+func TestAgentReportsContainers(t *testing.T) {
+	simtest.RequirePrivileged(t, "eBPF and cgroups")
+	m := simtest.NewMachine(t, 2, "16Gi")
+	agent := simtest.StartAgent(t, m, "GPUWARDEN_NODE_NAME=node-a")
+	workload := simtest.Bin(t, "simgpu/workload")
+
+	enforced, bypass := simtest.NewCgroup(t, "enforced"), simtest.NewCgroup(t, "bypass")
+	cmd := enforced.Place(m.Command(workload, "--alloc", "1Gi", "--seconds", "60", "--kernels", "4", "--kernel-ns", "1000000"))
+	cmd.Env = append(cmd.Env, "LD_PRELOAD="+simtest.Bin(t, "libgpuwarden.so"), "GPUWARDEN_CONTROL_DIR="+agent.ControlDir,
+		"GPUWARDEN_MEMORY_LIMIT=4Gi")
+	a := simtest.Start(t, cmd)
+	a.WaitLine(t, "ready", 10*time.Second)
+	b := simtest.Start(t, bypass.Place(m.Command(workload, "--device", "1", "--alloc", "2Gi", "--hold")))
+	b.WaitLine(t, "ready", 10*time.Second)
+
+	var enforcedSeries, bypassSeries map[string]string
+	simtest.Eventually(t, 15*time.Second, func() error {
+		f := agent.Scrape(t)
+		enforcedSeries = map[string]string{"node": "node-a", "gpu": "0", "container": enforced.Rel}
+		bypassSeries = map[string]string{"node": "node-a", "gpu": "1", "container": bypass.Rel}
+		for _, want := range []struct {
+			name   string
+			labels map[string]string
+			value  float64
+		}{
+			{"gpuwarden_container_gpu_memory_used_bytes", enforcedSeries, gib}, // eBPF: the allocation, byte for byte
+			{"gpuwarden_container_gpu_memory_limit_bytes", enforcedSeries, 4 * gib},
+			{"gpuwarden_container_unenforced", enforcedSeries, 0},
+			{"gpuwarden_container_gpu_memory_used_bytes", bypassSeries, 2 * gib},
+			{"gpuwarden_container_unenforced", bypassSeries, 1},
+		} {
+			s, ok := simtest.Find(f, want.name, want.labels)
+			if !ok {
+				return fmt.Errorf("no %s%v", want.name, want.labels)
+			}
+			if s.Value != want.value {
+				return fmt.Errorf("%s%v = %v, want %v", want.name, want.labels, s.Value, want.value)
+			}
+		}
+		if s, ok := simtest.Find(f, "gpuwarden_container_kernel_launches_total", enforcedSeries); !ok || s.Value < 4 {
+			return fmt.Errorf("launches of the enforced container: %v %v", s.Value, ok)
+		}
+		if s, ok := simtest.Find(f, "gpuwarden_device_memory_total_bytes", map[string]string{"gpu": "1"}); !ok || s.Value != 16*gib {
+			return fmt.Errorf("device 1 total: %v %v", s.Value, ok)
+		}
+		return nil
+	})
+
+	// The same through the API smi reads.
+	var resp collector.ContainersResponse
+	agent.GetJSON(t, "/api/v1/containers", &resp)
+	found := false
+	for _, c := range resp.Containers {
+		if c.CgroupID == enforced.ID && c.GPU == 0 {
+			found = true
+			if !c.Enforced || c.MemoryLimitBytes != 4*gib || len(c.PIDs) == 0 {
+				t.Errorf("API entry for the enforced container = %+v", c)
+			}
+		}
+	}
+	if !found {
+		t.Errorf("API lists no entry for cgroup %d: %+v", enforced.ID, resp.Containers)
+	}
+
+	// A container that is gone leaves no series behind.
+	if err := b.Cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_, _ = b.Wait()
+	if err := os.Remove(bypass.Path); err != nil {
+		t.Fatal(err)
+	}
+	simtest.Eventually(t, 10*time.Second, func() error {
+		for name, samples := range agent.Scrape(t) {
+			for _, s := range samples {
+				if s.Labels["container"] == bypass.Rel {
+					return fmt.Errorf("%s still has a series for the removed container", name)
+				}
+			}
+		}
+		return nil
+	})
+}
+
+func TestAgentReadyAndHealth(t *testing.T) {
+	simtest.RequirePrivileged(t, "eBPF")
+	m := simtest.NewMachine(t, 1, "8Gi")
+	agent := simtest.StartAgent(t, m)
+	if code, body := agent.Get(t, "/healthz"); code != 200 || strings.TrimSpace(string(body)) != "ok" {
+		t.Errorf("/healthz = %d %q", code, body)
+	}
+	var ready struct {
+		Ready bool `json:"ready"`
+		Parts map[string]struct {
+			Enabled, Up bool
+		} `json:"parts"`
+	}
+	agent.GetJSON(t, "/readyz", &ready)
+	for _, p := range []string{"ebpf", "nvml", "cgroups", "http"} {
+		if !ready.Parts[p].Up {
+			t.Errorf("part %s is not up: %+v", p, ready)
+		}
+	}
+	if code, _ := agent.Get(t, "/debug/pprof/"); code != 200 {
+		t.Errorf("/debug/pprof/ = %d", code)
+	}
+}
+
+// A part that cannot start is reported, and the rest run.
+func TestAgentRunsWithoutNVML(t *testing.T) {
+	simtest.RequirePrivileged(t, "eBPF")
+	m := simtest.NewMachine(t, 1, "8Gi")
+	agent := simtest.StartAgent(t, m, "GPUWARDEN_NVML_LIBRARY="+filepath.Join(t.TempDir(), "libnvidia-ml.so.1"))
+	code, body := agent.Get(t, "/readyz")
+	if code != 503 || !strings.Contains(string(body), `"nvml":{"enabled":true,"up":false`) {
+		t.Errorf("/readyz = %d %s; want 503 naming nvml down", code, body)
+	}
+	if code, _ := agent.Get(t, "/metrics"); code != 200 {
+		t.Errorf("/metrics = %d without NVML", code)
+	}
+}
+
+func TestAgentRefusesBadConfig(t *testing.T) {
+	f := filepath.Join(t.TempDir(), "config.yaml")
+	if err := os.WriteFile(f, []byte("ebpf:\n  enabld: true\nenforcement:\n  onBypass: explode\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err := exec.Command(simtest.Bin(t, "gpuwarden"), "agent", "--config", f).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "unknown keys: ebpf.enabld") {
+		t.Errorf("agent with a bad config: %v, %s", err, out)
+	}
+	if err := os.WriteFile(f, []byte("ebpf:\n  launchWindow: 1h\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out, err = exec.Command(simtest.Bin(t, "gpuwarden"), "agent", "--config", f, "--check-config").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "ebpf.launchWindow") {
+		t.Errorf("--check-config with a bad value: %v, %s", err, out)
+	}
+}

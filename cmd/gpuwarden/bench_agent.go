@@ -1,0 +1,284 @@
+package main
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+)
+
+func init() { benchSuites["agent"] = benchSuite{order: 40, run: benchAgent} }
+
+const benchContainers = 1000
+
+// benchAgent measures the agent at 1,000 containers: each a real cgroup
+// with an interposer ledger (copies of one real process's ledger, pointed
+// at its cgroup), NVML and eBPF on. It prints the scrape time, the agent's
+// RSS, and its CPU at a 15 s scrape interval.
+func benchAgent(o benchOptions, stdout io.Writer) error {
+	if os.Geteuid() != 0 {
+		return errors.New("needs root (cgroups and eBPF)")
+	}
+	m, err := newSimMachine(1, "80Gi")
+	if err != nil {
+		return err
+	}
+	defer m.close()
+	ctl := filepath.Join(m.dir, "control")
+	parent, rels, err := makeBenchCgroups(benchContainers)
+	if err != nil {
+		return err
+	}
+	defer removeBenchCgroups(parent, rels)
+	if err := fillLedgers(m, ctl, parent, rels); err != nil {
+		return err
+	}
+
+	agent, addr, err := startBenchAgent(m, ctl)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = agent.Process.Signal(syscall.SIGTERM); _ = agent.Wait() }()
+
+	// GPUWARDEN_BENCH_PROFILE=FILE saves a CPU profile of the agent while it is scraped.
+	profiled := make(chan error, 1)
+	if out := os.Getenv("GPUWARDEN_BENCH_PROFILE"); out != "" {
+		go func() { profiled <- saveProfile(addr, out, 8) }()
+	} else {
+		profiled <- nil
+	}
+	// The collector serves a view for up to a second: scrapes further apart
+	// than that each build a new one.
+	var times []float64
+	var series int
+	for i := 0; i < 8; i++ {
+		time.Sleep(1100 * time.Millisecond)
+		start := time.Now()
+		n, err := scrapeSeries(addr, "gpuwarden_container_gpu_memory_used_bytes")
+		if err != nil {
+			return err
+		}
+		times = append(times, float64(time.Since(start).Microseconds())/1000)
+		series = n
+	}
+	if series < benchContainers {
+		return fmt.Errorf("the agent reported %d containers, want %d", series, benchContainers)
+	}
+	if err := <-profiled; err != nil {
+		return err
+	}
+	sort.Float64s(times)
+	idleCPU, err := cpuOver(agent.Process.Pid, 5*time.Second, nil)
+	if err != nil {
+		return err
+	}
+	scrapeCPU, err := cpuOver(agent.Process.Pid, 0, func() error {
+		time.Sleep(1100 * time.Millisecond)
+		_, err := scrapeSeries(addr, "gpuwarden_build_info")
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	rss, err := rssMiB(agent.Process.Pid)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "BENCH agent_scrape_ms_1000 %.1f ms\n", times[len(times)/2])
+	fmt.Fprintf(stdout, "BENCH agent_rss_mib_1000 %.1f MiB\n", rss)
+	fmt.Fprintf(stdout, "BENCH agent_cpu_idle_core_percent_1000 %.2f percent\n", idleCPU.Seconds()/5*100)
+	fmt.Fprintf(stdout, "BENCH agent_cpu_per_scrape_ms_1000 %.1f ms\n", float64(scrapeCPU.Microseconds())/1000)
+	fmt.Fprintf(stdout, "BENCH agent_cpu_core_percent_1000_at_15s %.2f percent\n",
+		(idleCPU.Seconds()/5+scrapeCPU.Seconds()/15)*100)
+	return nil
+}
+
+func makeBenchCgroups(n int) (string, []string, error) {
+	mnt, err := cgroups.Mount("/proc/self/mountinfo")
+	if err != nil {
+		return "", nil, err
+	}
+	parent := fmt.Sprintf("/gpuwarden-bench-%d", os.Getpid())
+	var rels []string
+	for i := 0; i < n; i++ {
+		rel := fmt.Sprintf("%s/c%04d", parent, i)
+		if err := os.MkdirAll(filepath.Join(mnt, rel), 0o755); err != nil {
+			return "", nil, fmt.Errorf("make cgroup: %w", err)
+		}
+		rels = append(rels, rel)
+	}
+	return filepath.Join(mnt, parent), rels, nil
+}
+
+func removeBenchCgroups(parent string, rels []string) {
+	for _, rel := range rels {
+		_ = os.Remove(filepath.Join(filepath.Dir(parent), rel))
+	}
+	_ = os.Remove(parent)
+}
+
+// fillLedgers runs one process under the interposer for a template ledger,
+// then writes a copy for every cgroup, naming that cgroup and holding
+// memory on the device.
+func fillLedgers(m *simMachine, ctl, parent string, rels []string) error {
+	fd, err := syscall.Open(filepath.Join(filepath.Dir(parent), rels[0]), syscall.O_RDONLY|syscall.O_DIRECTORY, 0)
+	if err != nil {
+		return err
+	}
+	defer syscall.Close(fd)
+	cmd := m.workload("--alloc", "256Mi", "--steps", "1")
+	cmd.Env = append(cmd.Env, "LD_PRELOAD="+filepath.Join(m.bin, "libgpuwarden.so"), "GPUWARDEN_CONTROL_DIR="+ctl,
+		"GPUWARDEN_MEMORY_LIMIT=8Gi")
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("template workload: %w: %s", err, out)
+	}
+	tmpl, err := os.ReadFile(controlblock.UsagePath(ctl, controlblock.ContainerKey(rels[0])))
+	if err != nil {
+		return fmt.Errorf("template ledger: %w", err)
+	}
+	mnt := filepath.Dir(parent)
+	for i, rel := range rels {
+		var st syscall.Stat_t
+		if err := syscall.Stat(filepath.Join(mnt, rel), &st); err != nil {
+			return err
+		}
+		b := append([]byte(nil), tmpl...)
+		u := (*controlblock.Usage)(unsafe.Pointer(&b[0]))
+		u.CgroupID = st.Ino
+		u.CgroupPath = [controlblock.CgroupPathMax]byte{}
+		copy(u.CgroupPath[:], rel)
+		u.ReservedBytes[0] = uint64(i%8+1) << 28
+		key := controlblock.ContainerKey(rel)
+		if err := os.MkdirAll(filepath.Join(ctl, key), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(controlblock.UsagePath(ctl, key), b, 0o644); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+var benchServingRe = regexp.MustCompile(`msg=serving address=(\S+)`)
+
+func startBenchAgent(m *simMachine, ctl string) (*exec.Cmd, string, error) {
+	cmd := exec.Command(filepath.Join(m.bin, "gpuwarden"), "agent", "--listen", "127.0.0.1:0")
+	cmd.Env = append(m.env(), "GPUWARDEN_CONTROL_DIR="+ctl,
+		"GPUWARDEN_NVML_LIBRARY="+filepath.Join(m.bin, "simgpu", "libnvidia-ml.so.1"),
+		"GPUWARDEN_EBPF_LIBRARIES="+filepath.Join(m.bin, "simgpu", "libcuda.so.1"),
+		"GPUWARDEN_EBPF_LDCONFIG_SONAME=", "GPUWARDEN_EBPF_PIN_DIR=", "GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET=")
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return nil, "", err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, "", fmt.Errorf("start agent: %w", err)
+	}
+	addr := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			if m := benchServingRe.FindStringSubmatch(sc.Text()); m != nil {
+				addr <- m[1]
+			}
+		}
+	}()
+	select {
+	case a := <-addr:
+		return cmd, a, nil
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		return nil, "", errors.New("agent did not start serving within 30s")
+	}
+}
+
+// scrapeSeries scrapes /metrics and counts the series of one metric.
+func scrapeSeries(addr, metric string) (int, error) {
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		return 0, fmt.Errorf("scrape: %w", err)
+	}
+	defer resp.Body.Close()
+	n := 0
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), metric+"{") {
+			n++
+		}
+	}
+	return n, sc.Err()
+}
+
+// cpuOver returns the CPU time a process used over d, or while f ran.
+func cpuOver(pid int, d time.Duration, f func() error) (time.Duration, error) {
+	before, err := cpuTime(pid)
+	if err != nil {
+		return 0, err
+	}
+	if f != nil {
+		if err := f(); err != nil {
+			return 0, err
+		}
+	} else {
+		time.Sleep(d)
+	}
+	after, err := cpuTime(pid)
+	return after - before, err
+}
+
+func cpuTime(pid int) (time.Duration, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	utime, _ := strconv.ParseUint(f[11], 10, 64) // fields 14 and 15
+	stime, _ := strconv.ParseUint(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond, nil // USER_HZ is 100
+}
+
+func rssMiB(pid int) (float64, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
+			kb, _ := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 64)
+			return kb / 1024, nil
+		}
+	}
+	return 0, errors.New("no VmRSS")
+}
+
+func saveProfile(addr, out string, seconds int) error {
+	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, seconds))
+	if err != nil {
+		return fmt.Errorf("profile the agent: %w", err)
+	}
+	defer resp.Body.Close()
+	f, err := os.Create(out)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = io.Copy(f, resp.Body)
+	return err
+}

@@ -1,0 +1,196 @@
+// Package agent is `gpuwarden agent`, the node daemon: it starts the parts
+// the configuration switches on (eBPF observation, NVML, the collector and
+// its HTTP server), keeps running the parts that start when others fail, and
+// shuts down cleanly, leaving pinned eBPF state and control blocks in place.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/gpuwarden/gpuwarden/bpf/observe"
+	"github.com/gpuwarden/gpuwarden/bpf/probes"
+	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/config"
+	"github.com/gpuwarden/gpuwarden/collector"
+	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
+)
+
+// Agent is one running node agent.
+type Agent struct {
+	cfg     config.Config
+	version string
+	log     *slog.Logger
+
+	parts    parts
+	nvml     *nvmldev.Reader
+	observer *observe.Observer
+	coll     *collector.Collector
+	srv      *http.Server
+	lis      net.Listener
+	closers  []func() error
+	wg       sync.WaitGroup
+}
+
+// Start starts every enabled part. Only a part the others cannot do without
+// (the HTTP listener) fails Start; the rest are logged and reported down on
+// /readyz.
+func Start(ctx context.Context, cfg config.Config, version string, log *slog.Logger) (*Agent, error) {
+	a := &Agent{cfg: cfg, version: version, log: log}
+	node := nodeName(cfg)
+	log.Info("starting gpuwarden agent", "version", version, "node", node)
+
+	resolver := a.startCgroups()
+	src := collector.Sources{ControlDir: cfg.ControlDir, Cgroups: resolver, ProcRoot: cfg.Paths.Proc}
+	if cfg.NVML.Enabled {
+		a.startNVML()
+		if a.nvml != nil {
+			src.NVML = a.nvml.Devices
+		}
+	}
+	if cfg.EBPF.Enabled {
+		a.startEBPF()
+		if a.observer != nil {
+			src.EBPF = a.observer.Snapshot
+		}
+	}
+	if labels := a.startKubelet(); labels != nil {
+		src.Labels = labels
+	}
+	a.coll = collector.New(node, version, src, log)
+	a.startProfiling(node)
+
+	if cfg.HTTP.Enabled {
+		if err := a.startHTTP(); err != nil {
+			a.Close()
+			return nil, err
+		}
+	}
+	return a, nil
+}
+
+func nodeName(cfg config.Config) string {
+	if cfg.NodeName != "" {
+		return cfg.NodeName
+	}
+	if n := os.Getenv("NODE_NAME"); n != "" {
+		return n
+	}
+	h, _ := os.Hostname()
+	return h
+}
+
+func (a *Agent) startCgroups() *cgroups.Resolver {
+	root := a.cfg.Paths.Cgroup
+	if root == "" {
+		var err error
+		if root, err = cgroups.Mount(filepath.Join(a.cfg.Paths.Proc, "self", "mountinfo")); err != nil {
+			a.parts.set("cgroups", true, err)
+			a.log.Error("cgroup v2 not found: containers will not be resolved", "err", err)
+			return nil
+		}
+	}
+	a.parts.set("cgroups", true, nil)
+	return cgroups.NewResolver(root)
+}
+
+func (a *Agent) startNVML() {
+	r, err := nvmldev.Open(a.cfg.NVML.Library)
+	a.parts.set("nvml", true, err)
+	if err != nil {
+		a.log.Error("NVML unavailable: no device metrics", "err", err)
+		return
+	}
+	a.nvml = r
+	a.closers = append(a.closers, r.Close)
+}
+
+func (a *Agent) startEBPF() {
+	oc := observe.DefaultConfig()
+	oc.PinDir = a.cfg.EBPF.PinDir
+	oc.Libraries = a.cfg.EBPF.Libraries
+	oc.LdconfigSoname = a.cfg.EBPF.LdconfigSoname
+	oc.ProcRoot = a.cfg.Paths.Proc
+	oc.ScanInterval = a.cfg.EBPF.ScanInterval
+	oc.LaunchWindow = a.cfg.EBPF.LaunchWindow
+	oc.LaunchPeriod = a.cfg.EBPF.LaunchPeriod
+	oc.Logger = a.log.With("part", "ebpf")
+	o, err := observe.Start(oc)
+	if errors.Is(err, probes.ErrNoBPFFS) {
+		// Observe without pinning rather than not at all.
+		a.log.Warn("no bpffs for the pin directory: eBPF state will not survive a restart", "pinDir", oc.PinDir, "err", err)
+		oc.PinDir = ""
+		o, err = observe.Start(oc)
+	}
+	a.parts.set("ebpf", true, err)
+	if err != nil {
+		a.log.Error("eBPF observation unavailable; the other parts run without it", "err", err)
+		return
+	}
+	a.observer = o
+	a.closers = append(a.closers, o.Close)
+	a.wg.Add(1)
+	go a.logFailedAllocs(o.FailedAllocs())
+}
+
+// logFailedAllocs logs each allocation the driver refused, as eBPF saw it.
+func (a *Agent) logFailedAllocs(events <-chan observe.FailedAlloc) {
+	defer a.wg.Done()
+	for e := range events {
+		a.log.Info("GPU allocation refused by the driver", "pid", e.PID, "comm", e.Comm, "cgroup", e.Cgroup,
+			"device", e.Device, "bytes", e.Bytes, "result", e.Result, "api", e.API)
+	}
+}
+
+func (a *Agent) startHTTP() error {
+	lis, err := net.Listen("tcp", a.cfg.HTTP.Listen)
+	if err != nil {
+		a.parts.set("http", true, err)
+		return fmt.Errorf("listen on %s: %w", a.cfg.HTTP.Listen, err)
+	}
+	a.parts.set("http", true, nil)
+	a.lis = lis
+	a.srv = &http.Server{Handler: a.mux(), ReadHeaderTimeout: 10 * time.Second}
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		if err := a.srv.Serve(lis); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.log.Error("http server stopped", "err", err)
+		}
+	}()
+	a.log.Info("serving", "address", lis.Addr().String())
+	return nil
+}
+
+// Addr is the HTTP server's address (useful with a :0 listen address).
+func (a *Agent) Addr() string {
+	if a.lis == nil {
+		return ""
+	}
+	return a.lis.Addr().String()
+}
+
+// Close stops every part: the HTTP server first, then the sources. Pinned
+// eBPF maps and control blocks stay for the next agent.
+func (a *Agent) Close() error {
+	var errs []error
+	if a.srv != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		errs = append(errs, a.srv.Shutdown(ctx))
+		cancel()
+	}
+	for i := len(a.closers) - 1; i >= 0; i-- {
+		errs = append(errs, a.closers[i]())
+	}
+	a.wg.Wait()
+	a.log.Info("agent stopped")
+	return errors.Join(errs...)
+}

@@ -1,0 +1,49 @@
+package agent
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/pprof"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+func (a *Agent) mux() *http.ServeMux {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(a.coll, collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{Namespace: "gpuwarden_agent"}))
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slogAdapter{a}}))
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
+	mux.HandleFunc("GET /readyz", a.readyz)
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	a.coll.RegisterAPI(mux)
+	return mux
+}
+
+// ReadyResponse is GET /readyz: which parts are up. It answers 503 while an
+// enabled part is down.
+type ReadyResponse struct {
+	Ready bool                 `json:"ready"`
+	Parts map[string]PartState `json:"parts"`
+}
+
+func (a *Agent) readyz(w http.ResponseWriter, _ *http.Request) {
+	p, ready := a.parts.snapshot()
+	w.Header().Set("Content-Type", "application/json")
+	if !ready {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}
+	_ = json.NewEncoder(w).Encode(ReadyResponse{Ready: ready, Parts: p})
+}
+
+// slogAdapter lets promhttp log through the agent's logger.
+type slogAdapter struct{ a *Agent }
+
+func (s slogAdapter) Println(v ...any) { s.a.log.Error("metrics", "err", v) }

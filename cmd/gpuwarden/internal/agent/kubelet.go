@@ -1,0 +1,40 @@
+package agent
+
+import (
+	"context"
+	"os"
+	"strings"
+
+	"github.com/gpuwarden/gpuwarden/collector"
+	"github.com/gpuwarden/gpuwarden/deploy/allocation"
+	"github.com/gpuwarden/gpuwarden/collector/kubelet"
+)
+
+// startKubelet connects to the kubelet's pod-resources API when its socket
+// exists; off Kubernetes there is none and containers are labelled by
+// their cgroup paths.
+func (a *Agent) startKubelet() func(context.Context) (collector.LabelFunc, error) {
+	sock := a.cfg.Kubelet.PodResourcesSocket
+	if sock == "" {
+		return nil
+	}
+	if _, err := os.Stat(sock); err != nil {
+		a.log.Info("no kubelet pod-resources socket: labelling containers by cgroup path", "socket", sock)
+		return nil
+	}
+	pr, err := kubelet.DialPodResources(sock)
+	a.parts.set("kubelet", true, err)
+	if err != nil {
+		a.log.Error("kubelet pod-resources unavailable", "err", err)
+		return nil
+	}
+	a.closers = append(a.closers, pr.Close)
+	return func(ctx context.Context) (collector.LabelFunc, error) {
+		as, err := pr.List(ctx, func(r string) bool { return strings.HasPrefix(r, "gpuwarden.io/") })
+		a.parts.set("kubelet", true, err)
+		if err != nil {
+			return nil, err
+		}
+		return kubelet.Labels(as, allocation.DirName), nil
+	}
+}

@@ -1,0 +1,53 @@
+package agent
+
+import (
+	"sort"
+	"sync"
+)
+
+// PartState is one part's state on /readyz.
+type PartState struct {
+	Enabled bool   `json:"enabled"`
+	Up      bool   `json:"up"`
+	Error   string `json:"error,omitempty"`
+}
+
+// parts records which parts are up.
+type parts struct {
+	mu sync.Mutex
+	m  map[string]PartState
+}
+
+func (p *parts) set(name string, enabled bool, err error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.m == nil {
+		p.m = map[string]PartState{}
+	}
+	s := PartState{Enabled: enabled, Up: enabled && err == nil}
+	if err != nil {
+		s.Error = err.Error()
+	}
+	p.m[name] = s
+}
+
+// snapshot returns the parts and whether every enabled one is up.
+func (p *parts) snapshot() (map[string]PartState, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[string]PartState, len(p.m))
+	ready := true
+	names := make([]string, 0, len(p.m))
+	for n := range p.m {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		s := p.m[n]
+		out[n] = s
+		if s.Enabled && !s.Up {
+			ready = false
+		}
+	}
+	return out, ready
+}

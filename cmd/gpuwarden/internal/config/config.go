@@ -1,0 +1,285 @@
+// Package config is the agent's configuration: defaults, then a YAML file,
+// then GPUWARDEN_* environment variables, then flags. Every key is defined
+// once, in options, from which the defaults, the environment names and the
+// reference table in the README come.
+package config
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+	"github.com/spf13/viper"
+)
+
+// Config is the agent's whole configuration.
+type Config struct {
+	NodeName   string `mapstructure:"nodeName"`
+	ControlDir string `mapstructure:"controlDir"`
+	HTTP       struct {
+		Enabled bool   `mapstructure:"enabled"`
+		Listen  string `mapstructure:"listen"`
+	} `mapstructure:"http"`
+	EBPF struct {
+		Enabled        bool          `mapstructure:"enabled"`
+		PinDir         string        `mapstructure:"pinDir"`
+		Libraries      []string      `mapstructure:"libraries"`
+		LdconfigSoname string        `mapstructure:"ldconfigSoname"`
+		ScanInterval   time.Duration `mapstructure:"scanInterval"`
+		LaunchWindow   time.Duration `mapstructure:"launchWindow"`
+		LaunchPeriod   time.Duration `mapstructure:"launchPeriod"`
+	} `mapstructure:"ebpf"`
+	NVML struct {
+		Enabled bool   `mapstructure:"enabled"`
+		Library string `mapstructure:"library"`
+	} `mapstructure:"nvml"`
+	Enforcement struct {
+		Enabled  bool   `mapstructure:"enabled"`
+		OnBypass string `mapstructure:"onBypass"`
+	} `mapstructure:"enforcement"`
+	Kubelet struct {
+		PodResourcesSocket string `mapstructure:"podResourcesSocket"`
+	} `mapstructure:"kubelet"`
+	Paths struct {
+		Proc   string `mapstructure:"proc"`
+		Cgroup string `mapstructure:"cgroup"`
+	} `mapstructure:"paths"`
+	Profiling struct {
+		PyroscopeServer string `mapstructure:"pyroscopeServer"`
+	} `mapstructure:"profiling"`
+	Log struct {
+		Level  string `mapstructure:"level"`
+		Format string `mapstructure:"format"`
+	} `mapstructure:"log"`
+}
+
+// option is one configuration key.
+type option struct {
+	key  string
+	def  any
+	flag string // a flag of its own, or ""
+	help string
+}
+
+var options = []option{
+	{"nodeName", "", "node-name", "the node's name in metric labels; empty: $NODE_NAME, else the host name"},
+	{"controlDir", "/run/gpuwarden", "control-dir", "where containers' control blocks live (the interposer reads the same GPUWARDEN_CONTROL_DIR)"},
+	{"http.enabled", true, "", "serve /metrics, /healthz, /readyz, /debug/pprof/ and the API"},
+	{"http.listen", ":9477", "listen", "the HTTP server's address"},
+	{"ebpf.enabled", true, "", "observe every libcuda with eBPF uprobes"},
+	{"ebpf.pinDir", "/sys/fs/bpf/gpuwarden", "", "bpffs directory the eBPF maps are pinned in, so their state outlives an agent restart; empty pins nothing"},
+	{"ebpf.libraries", []string{}, "", "libcuda paths attached at start, besides the one ldconfig knows"},
+	{"ebpf.ldconfigSoname", "libcuda.so.1", "", "the driver library looked up with `ldconfig -p` and attached at start; empty skips it"},
+	{"ebpf.scanInterval", 500 * time.Millisecond, "", "how often /proc/*/maps is scanned for other copies of libcuda; 0 turns scanning off"},
+	{"ebpf.launchWindow", 50 * time.Millisecond, "", "how long launch probes stay attached each launch period (a probe hit costs microseconds)"},
+	{"ebpf.launchPeriod", 5 * time.Second, "", "the period of the launch probes' window"},
+	{"nvml.enabled", true, "", "read devices, per-process memory and utilization through NVML"},
+	{"nvml.library", "", "", "path of libnvidia-ml.so.1; empty: the system's"},
+	{"enforcement.enabled", true, "", "run the enforcer: budgets, limits and bypass detection"},
+	{"enforcement.onBypass", "report", "", "what to do with a cgroup that uses a GPU without the interposer: report, or freeze it (cgroup.freeze)"},
+	{"kubelet.podResourcesSocket", "/var/lib/kubelet/pod-resources/kubelet.sock", "", "the kubelet's pod-resources socket, for pod and container labels; a missing socket means no Kubernetes labels"},
+	{"paths.proc", "/proc", "", "the proc filesystem (the host's, under hostPID)"},
+	{"paths.cgroup", "", "", "the cgroup v2 mount; empty: found in /proc/self/mountinfo"},
+	{"profiling.pyroscopeServer", "", "", "Pyroscope server address for continuous profiling of the agent; empty: off"},
+	{"log.level", "info", "log-level", "debug, info, warn or error"},
+	{"log.format", "text", "", "text or json"},
+}
+
+// EnvName is the environment variable that sets a key: GPUWARDEN_ and the
+// key in upper snake case ("ebpf.pinDir" -> GPUWARDEN_EBPF_PIN_DIR).
+func EnvName(key string) string {
+	var b strings.Builder
+	b.WriteString("GPUWARDEN_")
+	for i, r := range key {
+		switch {
+		case r == '.':
+			b.WriteByte('_')
+		case r >= 'A' && r <= 'Z':
+			if i > 0 && key[i-1] != '.' {
+				b.WriteByte('_')
+			}
+			b.WriteRune(r)
+		default:
+			b.WriteRune(r - 'a' + 'A')
+		}
+	}
+	return b.String()
+}
+
+// Flags registers the flags that set keys, plus --config.
+func Flags(fs *pflag.FlagSet) {
+	fs.String("config", "", "YAML configuration file")
+	for _, o := range options {
+		if o.flag == "" {
+			continue
+		}
+		switch d := o.def.(type) {
+		case string:
+			fs.String(o.flag, d, o.help)
+		}
+	}
+}
+
+// Load builds the configuration from the defaults, the file named by
+// --config, the environment and the flags, and validates it. Unknown keys
+// in the file and bad values are errors.
+func Load(fs *pflag.FlagSet, environ []string) (Config, error) {
+	v := viper.New()
+	for _, o := range options {
+		v.SetDefault(o.key, o.def)
+		if o.flag != "" {
+			if f := fs.Lookup(o.flag); f != nil && f.Changed {
+				v.Set(o.key, f.Value.String())
+			}
+		}
+	}
+	env := map[string]string{}
+	for _, kv := range environ {
+		if k, val, ok := strings.Cut(kv, "="); ok {
+			env[k] = val
+		}
+	}
+	if file, _ := fs.GetString("config"); file != "" {
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return Config{}, fmt.Errorf("read config: %w", err)
+		}
+		v.SetConfigType("yaml")
+		if err := v.ReadConfig(bytes.NewReader(b)); err != nil {
+			return Config{}, fmt.Errorf("config %s: %w", file, err)
+		}
+		if err := unknownKeys(v.AllSettings(), ""); err != nil {
+			return Config{}, fmt.Errorf("config %s: %w", file, err)
+		}
+	}
+	// Environment over the file, flags over both.
+	for _, o := range options {
+		val, ok := env[EnvName(o.key)]
+		flagSet := o.flag != "" && fs.Lookup(o.flag) != nil && fs.Lookup(o.flag).Changed
+		if ok && !flagSet {
+			if _, isList := o.def.([]string); isList {
+				v.Set(o.key, splitList(val))
+			} else {
+				v.Set(o.key, val)
+			}
+		}
+	}
+	var c Config
+	if err := v.UnmarshalExact(&c); err != nil {
+		return Config{}, fmt.Errorf("config: %w", err)
+	}
+	if err := c.Validate(); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// unknownKeys names every key in the file that no option defines.
+func unknownKeys(m map[string]any, prefix string) error {
+	known := map[string]bool{}
+	for _, o := range options {
+		k := strings.ToLower(o.key)
+		known[k] = true
+		for i := strings.IndexByte(k, '.'); i >= 0; i = strings.IndexByte(k[i+1:], '.') + i + 1 {
+			known[k[:i]] = true
+			if strings.IndexByte(k[i+1:], '.') < 0 {
+				break
+			}
+		}
+	}
+	var bad []string
+	var walk func(m map[string]any, prefix string)
+	walk = func(m map[string]any, prefix string) {
+		for k, val := range m {
+			full := prefix + strings.ToLower(k)
+			if !known[full] {
+				bad = append(bad, full)
+				continue
+			}
+			if sub, ok := val.(map[string]any); ok {
+				walk(sub, full+".")
+			}
+		}
+	}
+	walk(m, prefix)
+	if len(bad) == 0 {
+		return nil
+	}
+	sort.Strings(bad)
+	return fmt.Errorf("unknown keys: %s", strings.Join(bad, ", "))
+}
+
+// Validate checks values; it changes nothing.
+func (c Config) Validate() error {
+	var errs []error
+	if c.ControlDir == "" {
+		errs = append(errs, errors.New("controlDir is empty"))
+	}
+	if c.HTTP.Enabled {
+		if _, _, err := net.SplitHostPort(c.HTTP.Listen); err != nil {
+			errs = append(errs, fmt.Errorf("http.listen %q: %w", c.HTTP.Listen, err))
+		}
+	}
+	if c.EBPF.ScanInterval < 0 {
+		errs = append(errs, fmt.Errorf("ebpf.scanInterval %v is negative", c.EBPF.ScanInterval))
+	}
+	if c.EBPF.LaunchWindow < 0 || c.EBPF.LaunchPeriod <= 0 || c.EBPF.LaunchWindow > c.EBPF.LaunchPeriod {
+		errs = append(errs, fmt.Errorf("ebpf.launchWindow %v must be from 0 to ebpf.launchPeriod %v (positive)",
+			c.EBPF.LaunchWindow, c.EBPF.LaunchPeriod))
+	}
+	if c.Enforcement.OnBypass != "report" && c.Enforcement.OnBypass != "freeze" {
+		errs = append(errs, fmt.Errorf("enforcement.onBypass %q: want report or freeze", c.Enforcement.OnBypass))
+	}
+	if c.Paths.Proc == "" {
+		errs = append(errs, errors.New("paths.proc is empty"))
+	}
+	switch c.Log.Level {
+	case "debug", "info", "warn", "error":
+	default:
+		errs = append(errs, fmt.Errorf("log.level %q: want debug, info, warn or error", c.Log.Level))
+	}
+	if c.Log.Format != "text" && c.Log.Format != "json" {
+		errs = append(errs, fmt.Errorf("log.format %q: want text or json", c.Log.Format))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("invalid configuration: %w", err)
+	}
+	return nil
+}
+
+// Reference renders the reference table of every key, for the README.
+func Reference() string {
+	var b strings.Builder
+	b.WriteString("| key | environment | flag | default | meaning |\n| --- | --- | --- | --- | --- |\n")
+	for _, o := range options {
+		flag := ""
+		if o.flag != "" {
+			flag = "`--" + o.flag + "`"
+		}
+		def := fmt.Sprint(o.def)
+		if l, ok := o.def.([]string); ok {
+			def = "[" + strings.Join(l, ", ") + "]"
+		}
+		if def == "" {
+			def = `""`
+		}
+		fmt.Fprintf(&b, "| `%s` | `%s` | %s | `%s` | %s |\n", o.key, EnvName(o.key), flag, def, o.help)
+	}
+	return b.String()
+}

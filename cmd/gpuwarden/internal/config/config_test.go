@@ -1,0 +1,117 @@
+package config
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+func load(t *testing.T, yaml string, env []string, args ...string) (Config, error) {
+	t.Helper()
+	fs := pflag.NewFlagSet("agent", pflag.ContinueOnError)
+	Flags(fs)
+	if yaml != "" {
+		f := filepath.Join(t.TempDir(), "config.yaml")
+		if err := os.WriteFile(f, []byte(yaml), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, "--config", f)
+	}
+	if err := fs.Parse(args); err != nil {
+		t.Fatal(err)
+	}
+	return Load(fs, env)
+}
+
+func TestDefaults(t *testing.T) {
+	c, err := load(t, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.HTTP.Listen != ":9477" || c.ControlDir != "/run/gpuwarden" || !c.EBPF.Enabled || !c.Enforcement.Enabled ||
+		c.EBPF.LaunchPeriod != 5*time.Second || c.Enforcement.OnBypass != "report" {
+		t.Errorf("defaults = %+v", c)
+	}
+}
+
+// Defaults, then the file, then the environment, then flags.
+func TestPrecedence(t *testing.T) {
+	yaml := "http:\n  listen: \"127.0.0.1:1000\"\nebpf:\n  launchWindow: 100ms\n  libraries: [/a/libcuda.so.1]\ncontrolDir: /file\n"
+	env := []string{"GPUWARDEN_HTTP_LISTEN=127.0.0.1:2000", "GPUWARDEN_CONTROL_DIR=/env", "GPUWARDEN_EBPF_LIBRARIES=/b,/c"}
+	c, err := load(t, yaml, env, "--listen", "127.0.0.1:3000")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.HTTP.Listen != "127.0.0.1:3000" {
+		t.Errorf("listen %q: the flag should win", c.HTTP.Listen)
+	}
+	if c.ControlDir != "/env" {
+		t.Errorf("controlDir %q: the environment should win over the file", c.ControlDir)
+	}
+	if c.EBPF.LaunchWindow != 100*time.Millisecond {
+		t.Errorf("launchWindow %v: the file should win over the default", c.EBPF.LaunchWindow)
+	}
+	if strings.Join(c.EBPF.Libraries, ",") != "/b,/c" {
+		t.Errorf("libraries %v from the environment", c.EBPF.Libraries)
+	}
+}
+
+func TestRefusesBadConfig(t *testing.T) {
+	tests := []struct {
+		name, yaml string
+		env        []string
+		want       string
+	}{
+		{"unknown key", "ebpf:\n  pinDirr: /x\n", nil, "unknown keys: ebpf.pindirr"},
+		{"unknown section", "metrics:\n  port: 1\n", nil, "unknown keys: metrics"},
+		{"bad duration", "ebpf:\n  launchWindow: soon\n", nil, "launchWindow"},
+		{"window over period", "ebpf:\n  launchWindow: 10s\n", nil, "ebpf.launchWindow"},
+		{"bad bypass action", "enforcement:\n  onBypass: kill\n", nil, `enforcement.onBypass "kill"`},
+		{"bad listen", "", []string{"GPUWARDEN_HTTP_LISTEN=9477"}, "http.listen"},
+		{"bad log level", "", []string{"GPUWARDEN_LOG_LEVEL=loud"}, "log.level"},
+		{"bad bool", "", []string{"GPUWARDEN_EBPF_ENABLED=maybe"}, "ebpf.enabled"},
+		{"not yaml", "ebpf: [", nil, "config"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := load(t, tt.yaml, tt.env)
+			if err == nil || !strings.Contains(strings.ToLower(err.Error()), strings.ToLower(tt.want)) {
+				t.Errorf("error %v, want one mentioning %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestEnvName(t *testing.T) {
+	for key, want := range map[string]string{
+		"controlDir":                 "GPUWARDEN_CONTROL_DIR",
+		"ebpf.pinDir":                "GPUWARDEN_EBPF_PIN_DIR",
+		"kubelet.podResourcesSocket": "GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET",
+		"http.listen":                "GPUWARDEN_HTTP_LISTEN",
+	} {
+		if got := EnvName(key); got != want {
+			t.Errorf("EnvName(%q) = %q, want %q", key, got, want)
+		}
+	}
+}
+
+// The README's reference table is the one these definitions generate.
+func TestReadmeReferenceIsCurrent(t *testing.T) {
+	b, err := os.ReadFile("../../../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const begin, end = "<!-- config-reference:begin -->\n", "<!-- config-reference:end -->"
+	s := string(b)
+	i, j := strings.Index(s, begin), strings.Index(s, end)
+	if i < 0 || j < i {
+		t.Fatalf("README.md has no %q ... %q section", begin, end)
+	}
+	if got := s[i+len(begin) : j]; got != Reference() {
+		t.Errorf("README.md's configuration table is stale; run `go run ./cmd/gpuwarden agent --print-config-reference` and paste:\n%s", Reference())
+	}
+}

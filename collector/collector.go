@@ -1,0 +1,76 @@
+package collector
+
+import (
+	"context"
+	"log/slog"
+	"runtime"
+	"sync"
+	"time"
+
+	"github.com/gpuwarden/gpuwarden/bpf/observe"
+	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
+)
+
+// Sources are what the collector joins. A nil source is switched off.
+type Sources struct {
+	EBPF       func() (observe.Snapshot, error)
+	NVML       func() ([]nvmldev.Device, error)
+	ControlDir string // interposer ledgers: <ControlDir>/<container key>/{usage,limits}
+	// Labels names a container from its ledger directory and cgroup path
+	// (Kubernetes: the kubelet's pod-resources answer); nil or false: the
+	// labels come from the cgroup path.
+	Labels   func(ctx context.Context) (LabelFunc, error)
+	Cgroups  *cgroups.Resolver
+	ProcRoot string
+	// Targets gives the enforcer's target share (0-1) per cgroup and device.
+	Targets func() map[Key]float64
+}
+
+// LabelFunc names the container of a ledger directory or cgroup path.
+type LabelFunc func(ledgerDir, cgroupPath string) (namespace, pod, container string, ok bool)
+
+// Key identifies one container's use of one device.
+type Key struct {
+	Cgroup uint64
+	GPU    int
+}
+
+// Collector builds views and serves them as metrics.
+type Collector struct {
+	node    string
+	src     Sources
+	version string
+	log     *slog.Logger
+	maxAge  time.Duration // a view younger than this is served again
+
+	mu       sync.Mutex
+	last     *View
+	counters slotCounters
+	ledgers  ledgerFiles
+}
+
+// New makes a collector for a node.
+func New(node, version string, src Sources, log *slog.Logger) *Collector {
+	if src.ProcRoot == "" {
+		src.ProcRoot = "/proc"
+	}
+	return &Collector{node: node, src: src, version: version, log: log, maxAge: time.Second,
+		counters: newSlotCounters()}
+}
+
+// View returns the current view, reading the sources at most once per
+// second: NVML's utilization is a window since the previous read, so the
+// metrics and the API must not steal samples from each other.
+func (c *Collector) View(ctx context.Context) *View {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.last != nil && time.Since(c.last.Time) < c.maxAge {
+		return c.last
+	}
+	v := c.build(ctx)
+	c.last = v
+	return v
+}
+
+func goVersion() string { return runtime.Version() }

@@ -1,0 +1,59 @@
+// Package collector joins what the agent knows about each container's use
+// of each GPU — the eBPF view, the interposer's ledgers, NVML — into one
+// view, served as Prometheus metrics and as the JSON API `gpuwarden smi` reads.
+package collector
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Namespace prefixes every metric name.
+const Namespace = "gpuwarden"
+
+// ContainerLabels label every container-level series.
+var ContainerLabels = []string{"node", "gpu", "uuid", "namespace", "pod", "container"}
+
+// DeviceLabels label every device-level series.
+var DeviceLabels = []string{"node", "gpu", "uuid"}
+
+func containerDesc(name, help string, extra ...string) *prometheus.Desc {
+	return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "container", name), help,
+		append(append([]string{}, ContainerLabels...), extra...), nil)
+}
+
+func deviceDesc(name, help string) *prometheus.Desc {
+	return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "device", name), help, DeviceLabels, nil)
+}
+
+// The metrics of DESIGN.md, defined once here; dashboards and alerts are
+// tested against what the agent really exports.
+var (
+	descMemoryUsed = containerDesc("gpu_memory_used_bytes",
+		"GPU memory the container holds on the device, observed by eBPF (NVML's per-process memory where eBPF is off).")
+	descMemoryLimit = containerDesc("gpu_memory_limit_bytes",
+		"The container's GPU memory quota on the device; absent when it has none.")
+	descAllocFailures = containerDesc("gpu_memory_alloc_failures_total",
+		"Allocations refused: reason=quota by the interposer (over the container's quota), reason=device by the driver.", "reason")
+	descLaunches = containerDesc("kernel_launches_total",
+		"Kernel launches: exact from the interposer's ledger; estimated from sampled eBPF probes for containers without it.")
+	descThrottled = containerDesc("throttled_seconds_total",
+		"Time the container's launches waited for the enforcer's launch budget.")
+	descShare = containerDesc("compute_share_ratio",
+		"Share of the device's time the container used over the last sampling window (NVML), 0-1.")
+	descLimit = containerDesc("compute_limit_ratio",
+		"The container's target share of the device's time, 0-1; absent when it has none.")
+	descUnenforced = containerDesc("unenforced",
+		"1 while GPU activity of the container is seen without the interposer (bypass), else 0.")
+
+	descDeviceMemTotal = deviceDesc("memory_total_bytes", "The device's memory.")
+	descDeviceMemUsed  = deviceDesc("memory_used_bytes", "Memory in use on the device, all processes.")
+	descDeviceUtil     = deviceDesc("utilization_ratio", "Share of time the device was busy over the last sampling window, 0-1.")
+
+	descProbeEvents = prometheus.NewDesc(prometheus.BuildFQName(Namespace, "agent", "probe_events_total"),
+		"eBPF probe hits of every kind.", []string{"node"}, nil)
+	descProbeLost = prometheus.NewDesc(prometheus.BuildFQName(Namespace, "agent", "probe_lost_events_total"),
+		"Failed-allocation events the eBPF ring buffer dropped.", []string{"node"}, nil)
+	descBuildInfo = prometheus.NewDesc(prometheus.BuildFQName(Namespace, "", "build_info"),
+		"The agent's version; always 1.", []string{"version", "goversion"}, nil)
+	descSourceUp = prometheus.NewDesc(prometheus.BuildFQName(Namespace, "scrape", "collector_success"),
+		"1 if the source answered this scrape, 0 if it failed; sources that are switched off are absent.",
+		[]string{"node", "collector"}, nil)
+)

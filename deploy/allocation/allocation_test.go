@@ -1,0 +1,193 @@
+package allocation
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+const (
+	gpuA = "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+	gpuB = "GPU-bbbbbbbb-0000-0000-0000-000000000000"
+)
+
+func TestIDs(t *testing.T) {
+	g := GPU{UUID: gpuA, MemoryBytes: 8<<30 + 512<<20}
+	if got := IDs(g, Slot, 4); len(got) != 4 || got[3] != gpuA+"::slot-3" {
+		t.Errorf("slots = %v", got)
+	}
+	if got := IDs(g, Memory, 4); len(got) != 8 || got[7] != gpuA+"::mem-7" {
+		t.Errorf("memory = %v (a partial GiB is not a device)", got)
+	}
+	for _, s := range []string{gpuA + "::slot-3", gpuA + "::mem-0", "a::b::mem-12"} {
+		id, err := ParseID(s)
+		if err != nil || id.String() != s {
+			t.Errorf("ParseID(%q) = %v, %v", s, id, err)
+		}
+	}
+	for _, s := range []string{"", "GPU-a", "::slot-1", gpuA + "::slot-", gpuA + "::slot-01", gpuA + "::slot--1",
+		gpuA + "::disk-1", gpuA + "::slot1", gpuA + "::slot-+1"} {
+		if _, err := ParseID(s); err == nil {
+			t.Errorf("ParseID(%q) accepted", s)
+		}
+	}
+}
+
+func TestOneGPU(t *testing.T) {
+	tests := []struct {
+		ids  []string
+		want string // error substring, "" for success
+	}{
+		{[]string{gpuA + "::mem-0", gpuA + "::mem-3"}, ""},
+		{[]string{gpuA + "::mem-0", gpuB + "::mem-0"}, "more than one GPU"},
+		{[]string{gpuA + "::mem-0", gpuA + "::slot-0"}, "two resources"},
+		{[]string{gpuA + "::mem-0", gpuA + "::mem-0"}, "twice"},
+		{nil, "no devices"},
+		{[]string{"junk"}, "device id"},
+	}
+	for _, tt := range tests {
+		_, _, err := OneGPU(tt.ids)
+		if tt.want == "" && err != nil || tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)) {
+			t.Errorf("OneGPU(%v) = %v, want %q", tt.ids, err, tt.want)
+		}
+	}
+}
+
+func mem(uuid string, ns ...int) []string {
+	var out []string
+	for _, n := range ns {
+		out = append(out, ID{uuid, Memory, n}.String())
+	}
+	return out
+}
+
+func TestPreferred(t *testing.T) {
+	avail := append(mem(gpuA, 0, 1, 2, 3, 4, 5), mem(gpuB, 6, 2, 7)...)
+	tests := []struct {
+		name      string
+		available []string
+		must      []string
+		size      int
+		want      []string
+		err       string
+	}{
+		{"best fit: the fuller GPU", avail, nil, 2, mem(gpuB, 2, 6), ""},
+		{"only one GPU is big enough", avail, nil, 4, mem(gpuA, 0, 1, 2, 3), ""},
+		{"must include decides the GPU", avail, mem(gpuA, 5), 2, mem(gpuA, 5, 0), ""},
+		{"must include on two GPUs", avail, append(mem(gpuA, 5), mem(gpuB, 6)...), 2, nil, "more than one GPU"},
+		{"no GPU big enough", avail, nil, 7, nil, "no GPU has 7"},
+		{"must include too small", avail, mem(gpuB, 6), 4, nil, "no GPU has 4"},
+		{"size zero", avail, nil, 0, nil, "size 0"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := Preferred(tt.available, tt.must, tt.size)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("got %v, %v; want error %q", got, err, tt.err)
+				}
+				return
+			}
+			if err != nil || strings.Join(got, " ") != strings.Join(tt.want, " ") {
+				t.Fatalf("got %v, %v; want %v", got, err, tt.want)
+			}
+		})
+	}
+}
+
+func TestDecide(t *testing.T) {
+	gpus := map[string]GPU{gpuA: {UUID: gpuA, Index: 0, MemoryBytes: 10 << 30}, gpuB: {UUID: gpuB, Index: 1, MemoryBytes: 16 << 30}}
+	look := func(u string) (GPU, bool) { g, ok := gpus[u]; return g, ok }
+
+	g, err := Decide(mem(gpuB, 3, 1, 2), look, 4)
+	if err != nil || g.MemoryLimitBytes != 3<<30 || g.Weight != 0 || g.GPU.Index != 1 || g.Count != 3 {
+		t.Fatalf("memory grant = %+v, %v", g, err)
+	}
+	if g.Dir != DirName(mem(gpuB, 1, 2, 3)) || !strings.HasPrefix(g.Dir, "mem-"+gpuB+"-") {
+		t.Errorf("dir %q depends on order or lacks its prefix", g.Dir)
+	}
+	env := g.Env(true)
+	if env["GPUWARDEN_MEMORY_LIMIT"] != "3Gi" || env["NVIDIA_VISIBLE_DEVICES"] != gpuB || env["LD_PRELOAD"] != ContainerInterposer ||
+		env["GPUWARDEN_CONTROL_DIR"] != "/run/gpuwarden" {
+		t.Errorf("env = %v", env)
+	}
+	if _, ok := g.Env(false)["LD_PRELOAD"]; ok {
+		t.Error("LD_PRELOAD set without preload")
+	}
+
+	// 10 GiB / 3 slots = 3413.33 MiB: whole MiB, times 2 slots.
+	g, err = Decide([]string{gpuA + "::slot-0", gpuA + "::slot-2"}, look, 3)
+	if err != nil || g.MemoryLimitBytes != 2*3413<<20 || g.Weight != 2 || g.Env(false)["GPUWARDEN_MEMORY_LIMIT"] != "6826Mi" ||
+		g.Env(false)["GPUWARDEN_COMPUTE_WEIGHT"] != "2" {
+		t.Fatalf("slot grant = %+v, %v", g, err)
+	}
+
+	for _, bad := range [][]string{
+		append(mem(gpuA, 0), mem(gpuB, 0)...), // spans GPUs
+		mem("GPU-gone", 0),                    // unknown GPU
+		mem(gpuA, 10),                         // beyond its memory
+		{gpuA + "::slot-3"},                   // beyond maxInst
+	} {
+		if g, err := Decide(bad, look, 3); err == nil {
+			t.Errorf("Decide(%v) = %+v, want an error", bad, g)
+		}
+	}
+	if _, err := Decide(append(mem(gpuA, 0), mem(gpuB, 0)...), look, 3); !errors.Is(err, ErrSpansGPUs) {
+		t.Errorf("spanning GPUs: %v, want ErrSpansGPUs", err)
+	}
+}
+
+func TestDirName(t *testing.T) {
+	a, b := DirName(mem(gpuA, 0, 1)), DirName(mem(gpuA, 0, 2))
+	if a == b || a != DirName(mem(gpuA, 1, 0)) {
+		t.Errorf("DirName: %q %q", a, b)
+	}
+	odd := DirName([]string{"GPU-../x::mem-0"})
+	if strings.ContainsAny(odd, "/.") || len(odd) > 100 {
+		t.Errorf("DirName of an odd uuid = %q", odd)
+	}
+}
+
+func TestFormatBytes(t *testing.T) {
+	for b, want := range map[uint64]string{0: "0", 1 << 30: "1Gi", 1536 << 20: "1536Mi", 1025: "1Ki", 100: "1Ki"} {
+		if got := FormatBytes(b); got != want {
+			t.Errorf("FormatBytes(%d) = %q, want %q", b, got, want)
+		}
+	}
+}
+
+func TestParseAnnotations(t *testing.T) {
+	tests := []struct {
+		name string
+		ann  map[string]string
+		want Claims
+		err  string
+	}{
+		{"none", nil, Claims{}, ""},
+		{"pod-wide", map[string]string{AnnotationWeight: "3", AnnotationComputeLimit: "40%", AnnotationPriority: "high"},
+			Claims{Weight: 3, ComputeLimit: 40, Priority: "high"}, ""},
+		{"container wins", map[string]string{AnnotationWeight: "3", AnnotationWeight + ".main": "7"}, Claims{Weight: 7}, ""},
+		{"other container's ignored", map[string]string{AnnotationWeight + ".side": "7"}, Claims{}, ""},
+		{"weight zero", map[string]string{AnnotationWeight: "0"}, Claims{}, "gpuwarden.io/weight=\"0\""},
+		{"weight too big", map[string]string{AnnotationWeight: "1001"}, Claims{}, "1 to 1000"},
+		{"weight signed", map[string]string{AnnotationWeight: "+5"}, Claims{}, "weight"},
+		{"limit 0", map[string]string{AnnotationComputeLimit: "0"}, Claims{}, "compute-limit"},
+		{"limit 101", map[string]string{AnnotationComputeLimit + ".main": "101%"}, Claims{}, "compute-limit.main"},
+		{"limit empty", map[string]string{AnnotationComputeLimit: ""}, Claims{}, "compute-limit"},
+		{"priority", map[string]string{AnnotationPriority: "urgent"}, Claims{}, "high or normal"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ParseAnnotations(tt.ann, "main")
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("got %+v, %v; want error %q", got, err, tt.err)
+				}
+				return
+			}
+			if err != nil || got != tt.want {
+				t.Fatalf("got %+v, %v; want %+v", got, err, tt.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,143 @@
+package allocation
+
+import (
+	"fmt"
+	"hash/fnv"
+	"sort"
+	"strings"
+)
+
+// Where things appear inside a container.
+const (
+	// ContainerControlDir is GPUWARDEN_CONTROL_DIR in the container.
+	ContainerControlDir = "/run/gpuwarden"
+	// ContainerKey is the interposer's container key inside a cgroup
+	// namespace (its cgroup path is "/"); the container's own control block
+	// is mounted at ContainerControlDir/ContainerKey.
+	ContainerKey = "root"
+	// ContainerInterposer is where the interposer is mounted (read-only).
+	ContainerInterposer = "/usr/local/gpuwarden/lib/libgpuwarden.so"
+	// LdSoPreload is glibc's system-wide preload list.
+	LdSoPreload = "/etc/ld.so.preload"
+)
+
+// Grant is what one container gets for one allocation: the GPU, how much of
+// it, and the name of its control directory.
+type Grant struct {
+	GPU   GPU
+	Kind  Kind
+	Count int // devices of Kind allocated
+	// MemoryLimitBytes is the container's quota on the GPU: Count GiB for
+	// ResourceMemory; Count x (the GPU's memory / maxInst), in whole MiB,
+	// for ResourceGPU.
+	MemoryLimitBytes uint64
+	// Weight is the compute weight: Count for slots (k slots are k shares of
+	// the GPU's time), 0 (not set, the interposer's default 1) for memory.
+	Weight uint32
+	// Dir is the control directory's name under the control dir: DirName(ids).
+	Dir string
+}
+
+// Decide turns the device ids the kubelet allocated to one container into a
+// grant. gpu looks a GPU up by UUID. The ids must all be of one GPU and one
+// resource: a request spanning GPUs is refused (ErrSpansGPUs), since its
+// memory could not be enforced as one quota.
+func Decide(ids []string, gpu func(uuid string) (GPU, bool), maxInst int) (Grant, error) {
+	uuid, kind, err := OneGPU(ids)
+	if err != nil {
+		return Grant{}, err
+	}
+	g, ok := gpu(uuid)
+	if !ok {
+		return Grant{}, fmt.Errorf("GPU %s is not on this node", uuid)
+	}
+	if maxInst < 1 || maxInst > MaxMaxInst {
+		return Grant{}, fmt.Errorf("maxInst %d: want 1-%d", maxInst, MaxMaxInst)
+	}
+	n := Count(g, kind, maxInst)
+	for _, s := range ids {
+		if id, _ := ParseID(s); id.N >= n {
+			return Grant{}, fmt.Errorf("device %s: GPU %s has %d %s devices", s, uuid, n, kind)
+		}
+	}
+	gr := Grant{GPU: g, Kind: kind, Count: len(ids), Dir: DirName(ids)}
+	if kind == Memory {
+		gr.MemoryLimitBytes = uint64(len(ids)) * GiB
+	} else {
+		perSlot := g.MemoryBytes / uint64(maxInst) &^ (1<<20 - 1)
+		gr.MemoryLimitBytes = uint64(len(ids)) * perSlot
+		gr.Weight = uint32(len(ids))
+	}
+	return gr, nil
+}
+
+// DirName is the control directory of the allocation that holds ids: a
+// function of the set of ids alone (their order does not matter), so the
+// collector can find a container's control block from the ids the kubelet's
+// pod-resources API reports for it. Form: "<kind>-<gpu uuid>-<16 hex
+// digits of FNV-1a 64 over the sorted ids, one per line>", a valid key.
+func DirName(ids []string) string {
+	s := append([]string(nil), ids...)
+	sort.Strings(s)
+	h := fnv.New64a()
+	for _, id := range s {
+		h.Write([]byte(id))
+		h.Write([]byte{'\n'})
+	}
+	prefix := "x"
+	if len(s) > 0 {
+		if id, err := ParseID(s[0]); err == nil {
+			prefix = id.Kind.String() + "-" + sanitize(id.UUID)
+		}
+	}
+	return fmt.Sprintf("%s-%016x", prefix, h.Sum64())
+}
+
+// sanitize keeps a UUID to [A-Za-z0-9-] and 64 bytes, so a name is always
+// one safe path element.
+func sanitize(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s) && b.Len() < 64; i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' {
+			b.WriteByte(c)
+		} else {
+			b.WriteByte('_')
+		}
+	}
+	return b.String()
+}
+
+// Env is the environment a container gets for a grant (DESIGN.md's
+// variables). The GPU is the container's only visible device, ordinal 0,
+// so the memory limit is one value. withPreload adds LD_PRELOAD.
+func (g Grant) Env(withPreload bool) map[string]string {
+	env := map[string]string{
+		"GPUWARDEN_CONTROL_DIR":  ContainerControlDir,
+		"GPUWARDEN_MEMORY_LIMIT": FormatBytes(g.MemoryLimitBytes),
+		"NVIDIA_VISIBLE_DEVICES": g.GPU.UUID,
+		"CUDA_VISIBLE_DEVICES":   g.GPU.UUID,
+	}
+	if g.Weight > 0 {
+		env["GPUWARDEN_COMPUTE_WEIGHT"] = fmt.Sprint(g.Weight)
+	}
+	if withPreload {
+		env["LD_PRELOAD"] = ContainerInterposer
+	}
+	return env
+}
+
+// FormatBytes writes a size as GPUWARDEN_MEMORY_LIMIT reads it: "8Gi",
+// "3584Mi", else whole KiB rounded down (never "0Ki": a limit never
+// becomes "no limit"); 0 is "0" (no limit).
+func FormatBytes(b uint64) string {
+	switch {
+	case b == 0:
+		return "0"
+	case b%GiB == 0:
+		return fmt.Sprintf("%dGi", b/GiB)
+	case b%(1<<20) == 0:
+		return fmt.Sprintf("%dMi", b>>20)
+	}
+	return fmt.Sprintf("%dKi", max(b>>10, 1))
+}

@@ -1,0 +1,194 @@
+package simtest
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// Agent is a real `gpuwarden agent` process serving on loopback.
+type Agent struct {
+	Proc       *Proc
+	Addr       string // host:port
+	ControlDir string
+	stderr     *os.File
+}
+
+var servingRe = regexp.MustCompile(`msg=serving address=(\S+)`)
+
+// StartAgent runs bin/gpuwarden agent on the machine, listening on a free
+// loopback port, with NVML and eBPF pointed at simgpu and no pinning; env
+// adds or overrides GPUWARDEN_* settings. It is stopped (SIGTERM) when the
+// test ends.
+func StartAgent(t testing.TB, m *Machine, env ...string) *Agent {
+	t.Helper()
+	a := &Agent{ControlDir: filepath.Join(t.TempDir(), "control")}
+	cmd := m.Command(Bin(t, "gpuwarden"), "agent", "--listen", "127.0.0.1:0")
+	cmd.Env = append(cmd.Env,
+		"GPUWARDEN_CONTROL_DIR="+a.ControlDir,
+		"GPUWARDEN_NVML_LIBRARY="+Bin(t, "simgpu/libnvidia-ml.so.1"),
+		"GPUWARDEN_EBPF_LIBRARIES="+Bin(t, "simgpu/libcuda.so.1"),
+		"GPUWARDEN_EBPF_LDCONFIG_SONAME=",
+		"GPUWARDEN_EBPF_PIN_DIR=",
+		"GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET=",
+		"GPUWARDEN_LOG_LEVEL=debug",
+	)
+	cmd.Env = append(cmd.Env, env...)
+	logFile, err := os.Create(filepath.Join(t.TempDir(), "agent.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.stderr = logFile
+	cmd.Stderr = logFile
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start agent: %v", err)
+	}
+	a.Proc = &Proc{Cmd: cmd}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { _ = cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+			t.Errorf("agent did not stop within 10s of SIGINT; log:\n%s", a.Log())
+		}
+		if t.Failed() {
+			t.Logf("agent log:\n%s", a.Log())
+		}
+	})
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		if m := servingRe.FindStringSubmatch(a.Log()); m != nil {
+			a.Addr = m[1]
+			return a
+		}
+		if cmd.ProcessState != nil {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("agent did not start serving; log:\n%s", a.Log())
+	return nil
+}
+
+// Log returns what the agent logged so far.
+func (a *Agent) Log() string {
+	b, _ := os.ReadFile(a.stderr.Name())
+	return string(b)
+}
+
+// Get fetches a path and returns the status code and body.
+func (a *Agent) Get(t testing.TB, path string) (int, []byte) {
+	t.Helper()
+	resp, err := http.Get("http://" + a.Addr + path)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
+	return resp.StatusCode, b
+}
+
+// GetJSON fetches a path and decodes its JSON body into v.
+func (a *Agent) GetJSON(t testing.TB, path string, v any) {
+	t.Helper()
+	code, b := a.Get(t, path)
+	if code != http.StatusOK {
+		t.Fatalf("GET %s: %d %s", path, code, b)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		t.Fatalf("GET %s: %v: %s", path, err, b)
+	}
+}
+
+// Sample is one scraped series.
+type Sample struct {
+	Labels map[string]string
+	Value  float64
+}
+
+// Scrape fetches /metrics and returns every series of each family.
+func (a *Agent) Scrape(t testing.TB) map[string][]Sample {
+	t.Helper()
+	code, b := a.Get(t, "/metrics")
+	if code != http.StatusOK {
+		t.Fatalf("GET /metrics: %d", code)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(strings.NewReader(string(b)))
+	if err != nil {
+		t.Fatalf("parse /metrics: %v", err)
+	}
+	out := map[string][]Sample{}
+	for name, f := range fams {
+		for _, m := range f.GetMetric() {
+			s := Sample{Labels: map[string]string{}}
+			for _, l := range m.GetLabel() {
+				s.Labels[l.GetName()] = l.GetValue()
+			}
+			s.Value = value(f.GetType(), m)
+			out[name] = append(out[name], s)
+		}
+	}
+	return out
+}
+
+func value(t dto.MetricType, m *dto.Metric) float64 {
+	switch t {
+	case dto.MetricType_COUNTER:
+		return m.GetCounter().GetValue()
+	case dto.MetricType_GAUGE:
+		return m.GetGauge().GetValue()
+	case dto.MetricType_UNTYPED:
+		return m.GetUntyped().GetValue()
+	}
+	return 0
+}
+
+// Find returns the one series of a family whose labels include want, or false.
+func Find(fams map[string][]Sample, name string, want map[string]string) (Sample, bool) {
+	for _, s := range fams[name] {
+		match := true
+		for k, v := range want {
+			if s.Labels[k] != v {
+				match = false
+				break
+			}
+		}
+		if match {
+			return s, true
+		}
+	}
+	return Sample{}, false
+}
+
+// Eventually polls f until it returns nil or the timeout passes.
+func Eventually(t testing.TB, timeout time.Duration, f func() error) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = f(); err == nil {
+			return
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("not within %v: %v", timeout, err)
+}
+
