@@ -23,6 +23,9 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	check := fs.Bool("check-config", false, "validate the configuration and exit")
 	reference := fs.Bool("print-config-reference", false, "print the configuration reference table (Markdown) and exit")
 	if err := fs.Parse(args); err != nil {
+		if err != pflag.ErrHelp {
+			fmt.Fprintf(stderr, "gpuwarden agent: %v\n", err)
+		}
 		return 2
 	}
 	if *reference {

@@ -156,4 +156,8 @@ func TestAgentRefusesBadConfig(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "ebpf.launchWindow") {
 		t.Errorf("--check-config with a bad value: %v, %s", err, out)
 	}
+	out, err = exec.Command(simtest.Bin(t, "gpuwarden"), "agent", "--bogus").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "unknown flag: --bogus") {
+		t.Errorf("agent --bogus: %v, %q", err, out)
+	}
 }

@@ -22,6 +22,7 @@ var subcommands = map[string]subcommand{
 	"agent":   {"run the node agent (metrics, API, observation, enforcement)", runAgent},
 	"bench":   {"print benchmark figures as BENCH lines", runBench},
 	"demo":    {"run workloads on the simulated GPU and show what gpuwarden sees", runDemo},
+	"smi":     {"show who uses which GPU, per container", runSmi},
 	"version": {"print the version", runVersion},
 }
 

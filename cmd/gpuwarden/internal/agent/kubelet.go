@@ -6,8 +6,8 @@ import (
 	"strings"
 
 	"github.com/gpuwarden/gpuwarden/collector"
-	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 	"github.com/gpuwarden/gpuwarden/collector/kubelet"
+	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 )
 
 // startKubelet connects to the kubelet's pod-resources API when its socket
