@@ -21,7 +21,7 @@ BUILD_TARGETS := $(BIN)/gpuwarden simgpu
 DEPS_BUILD    := gcc make
 DEPS_TEST     := gcc make
 DEPS_GENERATE := gcc make
--include bpf/build.mk enforcer/interposer/build.mk
+-include bpf/build.mk enforcer/interposer/build.mk dashboards/build.mk deploy/build.mk
 
 ##@ Build
 
