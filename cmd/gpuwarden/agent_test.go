@@ -10,6 +10,9 @@ import (
 	"time"
 
 	"github.com/gpuwarden/gpuwarden/collector"
+	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/collector/kubelet/kubelettest"
+	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
 
@@ -160,4 +163,57 @@ func TestAgentRefusesBadConfig(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "unknown flag: --bogus") {
 		t.Errorf("agent --bogus: %v, %q", err, out)
 	}
+}
+
+// TestAgentLabelsPodsFromKubelet: a container set up as the device plugin
+// does (its allocation's control directory mounted at /run/gpuwarden/root,
+// in a cgroup namespace) is named by the test kubelet's pod-resources answer.
+func TestAgentLabelsPodsFromKubelet(t *testing.T) {
+	simtest.RequirePrivileged(t, "cgroup and mount namespaces")
+	if _, err := exec.LookPath("unshare"); err != nil {
+		t.Fatalf("unshare (util-linux) is needed: %v", err)
+	}
+	ids := []string{"GPU-test::gpu-0"}
+	kl := kubelettest.StartPodResources(t)
+	kl.SetPods(kubelettest.Pod{Namespace: "ml", Name: "trainer-0", Containers: []kubelettest.Container{
+		{Name: "main", Devices: map[string][]string{"gpuwarden.io/gpu": ids}},
+	}})
+	m := simtest.NewMachine(t, 1, "16Gi")
+	agent := simtest.StartAgent(t, m, "GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET="+kl.Socket)
+
+	// The allocation's directory, seen from the container as <view>/root, as the plugin's mounts make it.
+	allocDir := filepath.Join(agent.ControlDir, allocation.DirName(ids))
+	view := t.TempDir()
+	if err := os.MkdirAll(allocDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(allocDir, filepath.Join(view, allocation.ContainerKey)); err != nil {
+		t.Fatal(err)
+	}
+	mnt, err := cgroups.Mount("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg := simtest.NewCgroup(t, "pod")
+	// A container's view: its own cgroup namespace, cgroupfs mounted from it.
+	cmd := cg.Place(m.Command("unshare", "--cgroup", "--mount", "--propagation", "private", "sh", "-c",
+		`umount -l "$0" && mount -t cgroup2 none "$0" && exec "$@"`, mnt,
+		simtest.Bin(t, "simgpu/workload"), "--alloc", "512Mi", "--hold"))
+	cmd.Env = append(cmd.Env, "LD_PRELOAD="+simtest.Bin(t, "libgpuwarden.so"), "GPUWARDEN_CONTROL_DIR="+view,
+		"GPUWARDEN_MEMORY_LIMIT=2Gi")
+	w := simtest.Start(t, cmd)
+	w.WaitLine(t, "ready", 10*time.Second)
+
+	labels := map[string]string{"namespace": "ml", "pod": "trainer-0", "container": "main", "gpu": "0"}
+	simtest.Eventually(t, 15*time.Second, func() error {
+		f := agent.Scrape(t)
+		if s, ok := simtest.Find(f, "gpuwarden_container_gpu_memory_used_bytes", labels); !ok || s.Value != 512<<20 {
+			return fmt.Errorf("memory used of ml/trainer-0/main: %v, %v; series: %v", s.Value, ok,
+				f["gpuwarden_container_gpu_memory_used_bytes"])
+		}
+		if s, ok := simtest.Find(f, "gpuwarden_container_gpu_memory_limit_bytes", labels); !ok || s.Value != 2*gib {
+			return fmt.Errorf("limit of ml/trainer-0/main: %v, %v", s.Value, ok)
+		}
+		return nil
+	})
 }
