@@ -58,19 +58,26 @@ func OfProcess(procRoot string, pid int) (string, error) {
 
 // Resolver maps cgroup ids to paths by walking the cgroup2 tree: a cgroup's
 // id is its directory's inode. It walks again on a miss, at most once per
-// minWalk, so an unknown id costs nothing when asked about repeatedly.
+// minWalk, so an unknown id costs nothing when asked about repeatedly. A
+// known id is checked again (one stat) when its last check is older than
+// recheck, so a removed cgroup stops resolving within that time.
 type Resolver struct {
-	root    string
-	minWalk time.Duration
+	root             string
+	minWalk, recheck time.Duration
 
 	mu       sync.Mutex
-	byID     map[uint64]string
+	byID     map[uint64]known
 	lastWalk time.Time
+}
+
+type known struct {
+	path    string
+	checked time.Time
 }
 
 // NewResolver resolves ids under root, the cgroup2 mount.
 func NewResolver(root string) *Resolver {
-	return &Resolver{root: root, minWalk: time.Second, byID: map[uint64]string{}}
+	return &Resolver{root: root, minWalk: time.Second, recheck: 3 * time.Second, byID: map[uint64]known{}}
 }
 
 // Path returns the cgroup path ("/kubepods/...") of id, or false if no
@@ -78,18 +85,23 @@ func NewResolver(root string) *Resolver {
 func (r *Resolver) Path(id uint64) (string, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if p, ok := r.byID[id]; ok {
-		if got, err := r.ID(p); err == nil && got == id {
-			return p, true
+	now := time.Now()
+	if k, ok := r.byID[id]; ok {
+		if now.Sub(k.checked) < r.recheck {
+			return k.path, true
+		}
+		if got, err := r.ID(k.path); err == nil && got == id {
+			r.byID[id] = known{k.path, now}
+			return k.path, true
 		}
 		delete(r.byID, id) // removed (or replaced) since the last walk
 	}
-	if time.Since(r.lastWalk) < r.minWalk {
+	if now.Sub(r.lastWalk) < r.minWalk {
 		return "", false
 	}
 	r.walkLocked()
-	p, ok := r.byID[id]
-	return p, ok
+	k, ok := r.byID[id]
+	return k.path, ok
 }
 
 // ID returns the cgroup id of a cgroup path.
@@ -103,7 +115,7 @@ func (r *Resolver) ID(path string) (uint64, error) {
 
 func (r *Resolver) walkLocked() {
 	r.lastWalk = time.Now()
-	byID := make(map[uint64]string, len(r.byID))
+	byID := make(map[uint64]known, len(r.byID))
 	_ = filepath.WalkDir(r.root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || !d.IsDir() {
 			return nil // a cgroup removed mid-walk is simply gone
@@ -117,10 +129,10 @@ func (r *Resolver) walkLocked() {
 			return nil
 		}
 		rel, _ := filepath.Rel(r.root, p)
-		byID[st.Ino] = "/" + strings.TrimPrefix(filepath.ToSlash(rel), ".")
+		byID[st.Ino] = known{"/" + strings.TrimPrefix(filepath.ToSlash(rel), "."), r.lastWalk}
 		return nil
 	})
-	byID[r.rootID()] = "/"
+	byID[r.rootID()] = known{"/", r.lastWalk}
 	r.byID = byID
 }
 

@@ -38,6 +38,7 @@ func TestResolverFindsTestCgroup(t *testing.T) {
 	if err := os.Remove(gone.Path); err != nil {
 		t.Fatal(err)
 	}
+	time.Sleep(3100 * time.Millisecond) // past the recheck interval
 	if p, ok := r.Path(gone.ID); ok {
 		t.Errorf("a removed cgroup still resolves to %q", p)
 	}
