@@ -18,6 +18,7 @@ GO_SRC           := $(shell find . -name '*.go' -not -path './bin/*') go.mod go.
 
 # Each part adds its outputs and Debian packages to these (see its build.mk).
 BUILD_TARGETS := $(BIN)/gpuwarden simgpu
+TEST_EXTRA    :=
 DEPS_BUILD    := gcc make
 DEPS_TEST     := gcc make
 DEPS_GENERATE := gcc make
@@ -63,6 +64,7 @@ generate: deps-generate ## Regenerate generated code (eBPF objects, bindings)
 test: deps-test build ## Run every Go and C test (privileged tests need root)
 	$(GO) vet ./...
 	$(GO) test -count=1 -timeout 15m ./...
+	$(if $(TEST_EXTRA),$(MAKE) --no-print-directory $(TEST_EXTRA))
 
 .PHONY: bench
 bench: build ## Print benchmark figures as BENCH lines

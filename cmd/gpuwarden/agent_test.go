@@ -14,6 +14,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/collector/kubelet/kubelettest"
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
 const gib = 1 << 30
@@ -216,4 +217,21 @@ func TestAgentLabelsPodsFromKubelet(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestAgentServesDevicePlugin: with devicePlugin.enabled the agent registers
+// both resources with the kubelet and lists shares of simgpu's devices.
+func TestAgentServesDevicePlugin(t *testing.T) {
+	simtest.RequirePrivileged(t, "eBPF")
+	kl := kubelettest.StartDevicePlugins(t)
+	m := simtest.NewMachine(t, 2, "8Gi")
+	simtest.StartAgent(t, m, "GPUWARDEN_DEVICE_PLUGIN_ENABLED=true", "GPUWARDEN_DEVICE_PLUGIN_KUBELET_DIR="+kl.Dir,
+		"GPUWARDEN_DEVICE_PLUGIN_INTERPOSER_PATH="+simtest.Bin(t, "libgpuwarden.so"), "GPUWARDEN_DEVICE_PLUGIN_MAX_INST=3")
+	slots := kl.WaitDevices(t, "gpuwarden.io/gpu", func(d []*pluginapi.Device) bool { return len(d) == 2*3 })
+	mem := kl.WaitDevices(t, "gpuwarden.io/gpu-memory", func(d []*pluginapi.Device) bool { return len(d) == 2*8 })
+	for _, d := range append(slots, mem...) {
+		if d.Health != pluginapi.Healthy {
+			t.Errorf("device %s is %s", d.ID, d.Health)
+		}
+	}
 }

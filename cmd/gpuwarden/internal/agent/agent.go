@@ -67,6 +67,9 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 	}
 	a.coll = collector.New(node, version, src, log)
 	a.startProfiling(node)
+	if cfg.DevicePlugin.Enabled {
+		a.startDevicePlugin(ctx)
+	}
 
 	if cfg.HTTP.Enabled {
 		if err := a.startHTTP(); err != nil {

@@ -46,6 +46,15 @@ type Config struct {
 	Kubelet struct {
 		PodResourcesSocket string `mapstructure:"podResourcesSocket"`
 	} `mapstructure:"kubelet"`
+	DevicePlugin struct {
+		Enabled        bool          `mapstructure:"enabled"`
+		MaxInst        int           `mapstructure:"maxInst"`
+		KubeletDir     string        `mapstructure:"kubeletDir"`
+		InterposerPath string        `mapstructure:"interposerPath"`
+		DeviceRoot     string        `mapstructure:"deviceRoot"`
+		Preload        string        `mapstructure:"preload"`
+		HealthInterval time.Duration `mapstructure:"healthInterval"`
+	} `mapstructure:"devicePlugin"`
 	Paths struct {
 		Proc   string `mapstructure:"proc"`
 		Cgroup string `mapstructure:"cgroup"`
@@ -84,6 +93,13 @@ var options = []option{
 	{"enforcement.enabled", true, "", "run the enforcer: budgets, limits and bypass detection"},
 	{"enforcement.onBypass", "report", "", "what to do with a cgroup that uses a GPU without the interposer: report, or freeze it (cgroup.freeze)"},
 	{"kubelet.podResourcesSocket", "/var/lib/kubelet/pod-resources/kubelet.sock", "", "the kubelet's pod-resources socket, for pod and container labels; a missing socket means no Kubernetes labels"},
+	{"devicePlugin.enabled", false, "", "serve the kubelet device plugin: gpuwarden.io/gpu (slots) and gpuwarden.io/gpu-memory (GiB) on each GPU"},
+	{"devicePlugin.maxInst", 4, "", "slots (gpuwarden.io/gpu devices) per GPU, 1-128; a slot's memory quota is the GPU's memory / maxInst"},
+	{"devicePlugin.kubeletDir", "/var/lib/kubelet/device-plugins", "", "the kubelet's device-plugins directory: its kubelet.sock and the plugin's sockets"},
+	{"devicePlugin.interposerPath", "/usr/local/gpuwarden/lib/libgpuwarden.so", "", "libgpuwarden.so on the host, mounted read-only into every allocated container"},
+	{"devicePlugin.deviceRoot", "/dev", "", "where the GPU device nodes (nvidiaN, nvidiactl, nvidia-uvm, nvidia-uvm-tools) are; those that exist are passed to containers"},
+	{"devicePlugin.preload", "env", "", "how the interposer is preloaded: env (LD_PRELOAD) or ld.so.preload (a file mounted over /etc/ld.so.preload)"},
+	{"devicePlugin.healthInterval", 5 * time.Second, "", "how often the GPUs are read again through NVML; a GPU that is gone goes unhealthy"},
 	{"paths.proc", "/proc", "", "the proc filesystem (the host's, under hostPID)"},
 	{"paths.cgroup", "", "", "the cgroup v2 mount; empty: found in /proc/self/mountinfo"},
 	{"profiling.pyroscopeServer", "", "", "Pyroscope server address for continuous profiling of the agent; empty: off"},
@@ -248,6 +264,22 @@ func (c Config) Validate() error {
 	}
 	if c.Paths.Proc == "" {
 		errs = append(errs, errors.New("paths.proc is empty"))
+	}
+	dp := c.DevicePlugin
+	if dp.MaxInst < 1 || dp.MaxInst > 128 {
+		errs = append(errs, fmt.Errorf("devicePlugin.maxInst %d: want 1-128", dp.MaxInst))
+	}
+	for _, p := range []struct{ key, v string }{{"devicePlugin.kubeletDir", dp.KubeletDir},
+		{"devicePlugin.interposerPath", dp.InterposerPath}, {"devicePlugin.deviceRoot", dp.DeviceRoot}} {
+		if !strings.HasPrefix(p.v, "/") {
+			errs = append(errs, fmt.Errorf("%s %q: want an absolute path", p.key, p.v))
+		}
+	}
+	if dp.Preload != "env" && dp.Preload != "ld.so.preload" {
+		errs = append(errs, fmt.Errorf("devicePlugin.preload %q: want env or ld.so.preload", dp.Preload))
+	}
+	if dp.HealthInterval <= 0 {
+		errs = append(errs, fmt.Errorf("devicePlugin.healthInterval %v: want a positive duration", dp.HealthInterval))
 	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":

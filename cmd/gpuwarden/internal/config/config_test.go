@@ -36,6 +36,14 @@ func TestDefaults(t *testing.T) {
 		c.EBPF.LaunchPeriod != 5*time.Second || c.Enforcement.OnBypass != "report" {
 		t.Errorf("defaults = %+v", c)
 	}
+	if dp := c.DevicePlugin; dp.Enabled || dp.MaxInst != 4 || dp.KubeletDir != "/var/lib/kubelet/device-plugins" ||
+		dp.InterposerPath != "/usr/local/gpuwarden/lib/libgpuwarden.so" || dp.Preload != "env" || dp.HealthInterval != 5*time.Second {
+		t.Errorf("devicePlugin defaults = %+v", dp)
+	}
+	c, err = load(t, "devicePlugin:\n  enabled: true\n  maxInst: 8\n", []string{"GPUWARDEN_DEVICE_PLUGIN_PRELOAD=ld.so.preload"})
+	if err != nil || !c.DevicePlugin.Enabled || c.DevicePlugin.MaxInst != 8 || c.DevicePlugin.Preload != "ld.so.preload" {
+		t.Errorf("devicePlugin from file and environment = %+v, %v", c.DevicePlugin, err)
+	}
 }
 
 // Defaults, then the file, then the environment, then flags.
@@ -75,6 +83,12 @@ func TestRefusesBadConfig(t *testing.T) {
 		{"bad log level", "", []string{"GPUWARDEN_LOG_LEVEL=loud"}, "log.level"},
 		{"bad bool", "", []string{"GPUWARDEN_EBPF_ENABLED=maybe"}, "ebpf.enabled"},
 		{"not yaml", "ebpf: [", nil, "config"},
+		{"maxInst 0", "devicePlugin:\n  maxInst: 0\n", nil, "devicePlugin.maxInst 0"},
+		{"maxInst not a number", "", []string{"GPUWARDEN_DEVICE_PLUGIN_MAX_INST=four"}, "maxInst"},
+		{"relative kubeletDir", "devicePlugin:\n  kubeletDir: kubelet\n", nil, "devicePlugin.kubeletDir"},
+		{"bad preload", "devicePlugin:\n  preload: LD_PRELOAD\n", nil, `devicePlugin.preload "LD_PRELOAD"`},
+		{"zero health interval", "devicePlugin:\n  healthInterval: 0s\n", nil, "devicePlugin.healthInterval"},
+		{"unknown devicePlugin key", "devicePlugin:\n  maxinstances: 3\n", nil, "unknown keys: deviceplugin.maxinstances"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -1,0 +1,212 @@
+// Package deviceplugin is gpuwarden's kubelet device plugin (API v1beta1,
+// gRPC over unix sockets): it advertises shares of each GPU as two extended
+// resources, gpuwarden.io/gpu (slots) and gpuwarden.io/gpu-memory (GiB),
+// and answers Allocate with what enforcement needs: the interposer, the
+// environment, the GPU's device nodes and the container's own control
+// block. Decisions (ids, placement, limits, names) are deploy/allocation's.
+package deviceplugin
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
+	"github.com/gpuwarden/gpuwarden/deploy/allocation"
+)
+
+// Preload modes: how the interposer gets into a container's processes.
+const (
+	PreloadEnv         = "env"           // LD_PRELOAD in the container's environment
+	PreloadLdSoPreload = "ld.so.preload" // a file mounted over /etc/ld.so.preload
+)
+
+// Config is the device plugin's part of the agent's configuration
+// (devicePlugin.* keys).
+type Config struct {
+	MaxInst        int           // slots per GPU (the enforcer's max_inst)
+	KubeletDir     string        // the kubelet's device-plugins directory (kubelet.sock is in it)
+	ControlDir     string        // the control directory, a host path (the agent mounts it at the same path)
+	InterposerPath string        // libgpuwarden.so on the host
+	DeviceRoot     string        // where the GPU device nodes are: /dev
+	Preload        string        // PreloadEnv or PreloadLdSoPreload
+	HealthInterval time.Duration // how often the device list is read again
+	WatchInterval  time.Duration // how often the sockets are checked; 0: 1s
+}
+
+// Validate checks a config; it changes nothing.
+func (c Config) Validate() error {
+	var errs []error
+	if c.MaxInst < 1 || c.MaxInst > allocation.MaxMaxInst {
+		errs = append(errs, fmt.Errorf("devicePlugin.maxInst %d: want 1-%d", c.MaxInst, allocation.MaxMaxInst))
+	}
+	for _, p := range []struct{ key, v string }{{"devicePlugin.kubeletDir", c.KubeletDir}, {"controlDir", c.ControlDir},
+		{"devicePlugin.interposerPath", c.InterposerPath}, {"devicePlugin.deviceRoot", c.DeviceRoot}} {
+		if !filepath.IsAbs(p.v) {
+			errs = append(errs, fmt.Errorf("%s %q: want an absolute path", p.key, p.v))
+		}
+	}
+	if c.Preload != PreloadEnv && c.Preload != PreloadLdSoPreload {
+		errs = append(errs, fmt.Errorf("devicePlugin.preload %q: want env or ld.so.preload", c.Preload))
+	}
+	if c.HealthInterval <= 0 {
+		errs = append(errs, fmt.Errorf("devicePlugin.healthInterval %v: want a positive duration", c.HealthInterval))
+	}
+	return errors.Join(errs...)
+}
+
+// gpuState is one GPU the plugin has seen.
+type gpuState struct {
+	allocation.GPU
+	healthy bool
+}
+
+// Plugin serves both resources.
+type Plugin struct {
+	cfg     Config
+	devices func() ([]nvmldev.Device, error)
+	log     *slog.Logger
+
+	mu      sync.Mutex
+	gpus    map[string]*gpuState // by UUID; a GPU once seen stays, unhealthy when gone
+	changed chan struct{}        // closed and replaced when the device list changes
+}
+
+// New makes a plugin that reads the node's GPUs with devices (NVML's view:
+// nvmldev.Reader.Devices).
+func New(cfg Config, devices func() ([]nvmldev.Device, error), log *slog.Logger) (*Plugin, error) {
+	if cfg.WatchInterval <= 0 {
+		cfg.WatchInterval = time.Second
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("device plugin: %w", err)
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &Plugin{cfg: cfg, devices: devices, log: log.With("component", "deviceplugin"),
+		gpus: map[string]*gpuState{}, changed: make(chan struct{})}, nil
+}
+
+// Run serves both resources until ctx ends: it registers them with the
+// kubelet, registers again when the kubelet restarts (its socket is made
+// anew, or ours is removed), and follows the GPUs' health.
+func (p *Plugin) Run(ctx context.Context) error {
+	p.refresh()
+	servers := []*server{newServer(p, allocation.Slot), newServer(p, allocation.Memory)}
+	defer func() {
+		for _, s := range servers {
+			s.stop()
+		}
+	}()
+	kubelet := filepath.Join(p.cfg.KubeletDir, kubeletSocket)
+	var kubeletID fileID
+	register := func(s *server) {
+		if err := s.register(ctx, kubelet); err != nil {
+			p.log.Warn("register with the kubelet", "resource", s.kind.Resource(), "err", err)
+			s.registered = false
+			return
+		}
+		s.registered = true
+		p.log.Info("registered with the kubelet", "resource", s.kind.Resource(), "endpoint", s.endpoint)
+	}
+	check := func() {
+		id, kubeletUp := statID(kubelet)
+		restarted := kubeletUp && id != kubeletID
+		kubeletID = id
+		for _, s := range servers {
+			if !s.alive() {
+				if err := s.start(); err != nil {
+					p.log.Error("serve device plugin", "resource", s.kind.Resource(), "err", err)
+					continue
+				}
+				s.registered = false
+			}
+			if kubeletUp && (restarted || !s.registered) {
+				register(s)
+			}
+		}
+	}
+	check()
+	watch := time.NewTicker(p.cfg.WatchInterval)
+	defer watch.Stop()
+	health := time.NewTicker(p.cfg.HealthInterval)
+	defer health.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-watch.C:
+			check()
+		case <-health.C:
+			p.refresh()
+		}
+	}
+}
+
+// refresh reads the devices and marks GPUs that are gone (or all, when NVML
+// fails) unhealthy; listeners hear of any change.
+func (p *Plugin) refresh() {
+	devs, err := p.devices()
+	if err != nil {
+		p.log.Warn("read GPUs; all marked unhealthy", "err", err)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	seen := map[string]bool{}
+	change := false
+	for _, d := range devs {
+		seen[d.UUID] = true
+		g, ok := p.gpus[d.UUID]
+		if !ok {
+			g = &gpuState{GPU: allocation.GPU{UUID: d.UUID, Index: d.Index, MemoryBytes: d.MemoryTotalBytes}}
+			p.gpus[d.UUID] = g
+			change = true
+			p.log.Info("GPU found", "uuid", d.UUID, "index", d.Index, "memory", d.MemoryTotalBytes)
+		}
+		if !g.healthy || g.Index != d.Index {
+			g.healthy, g.Index, change = true, d.Index, true
+		}
+	}
+	for uuid, g := range p.gpus {
+		if g.healthy && !seen[uuid] {
+			g.healthy, change = false, true
+			p.log.Warn("GPU gone: unhealthy", "uuid", uuid)
+		}
+	}
+	if change {
+		close(p.changed)
+		p.changed = make(chan struct{})
+	}
+}
+
+// snapshot returns the GPUs ordered by index and a channel closed at the
+// next change.
+func (p *Plugin) snapshot() ([]gpuState, <-chan struct{}) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]gpuState, 0, len(p.gpus))
+	for _, g := range p.gpus {
+		out = append(out, *g)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		return out[i].Index < out[j].Index || out[i].Index == out[j].Index && out[i].UUID < out[j].UUID
+	})
+	return out, p.changed
+}
+
+// healthyGPU looks a GPU up for allocation: only a healthy one.
+func (p *Plugin) healthyGPU(uuid string) (allocation.GPU, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	g, ok := p.gpus[uuid]
+	if !ok || !g.healthy {
+		return allocation.GPU{}, false
+	}
+	return g.GPU, true
+}
