@@ -9,7 +9,7 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 # -fno-ipa-icf: uprobes attach by address, so no two entry points may share a body.
 CFLAGS  := -std=gnu11 -O2 -g -fPIC -Wall -Wextra -Werror -fvisibility=hidden -fno-ipa-icf -pthread
 GOFLAGS_LD := -ldflags "-X main.version=$(VERSION)"
-DURATION ?= 20s
+DURATION ?= 0
 
 SIMGPU_STATE_SRC := simgpu/state/state.c simgpu/state/state.h
 SIMGPU_CUDA_SRC  := $(wildcard simgpu/cuda/*.c) $(wildcard simgpu/cuda/*.h) simgpu/include/cuda.h
@@ -71,7 +71,7 @@ bench: build ## Print benchmark figures as BENCH lines
 	$(BIN)/gpuwarden bench
 
 .PHONY: demo
-demo: build ## Run the demo on the simulated GPU (DURATION=20s)
+demo: build ## Run the demo on the simulated GPU until Ctrl-C (DURATION=20s to stop by itself)
 	$(BIN)/gpuwarden demo --duration $(DURATION)
 
 ##@ Dependencies

@@ -2,67 +2,297 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"flag"
 	"fmt"
 	"io"
+	"net/http"
+	"net/url"
 	"os"
+	"os/exec"
 	"os/signal"
+	"path/filepath"
+	"regexp"
+	"sort"
 	"strings"
 	"syscall"
+	"text/tabwriter"
 	"time"
+
+	"github.com/gpuwarden/gpuwarden/collector"
+	"github.com/gpuwarden/gpuwarden/collector/cgroups"
 )
 
-// runDemo runs a training-like workload on the simulated GPU and prints what
-// it did. It stops after --duration, or at Ctrl-C.
+// demoContainer is one "container" of the demo: a cgroup and a workload.
+type demoContainer struct {
+	name   string
+	env    []string // the interposer's settings; nil: runs without it
+	args   []string
+	note   string
+	cgroup string // absolute path, when made
+	rel    string
+	cmd    *exec.Cmd
+}
+
+// The demo's containers follow cGPU's example: quotas of 6 and 8 GiB on a
+// 15 GiB device, weights 1:2, and one over-quota allocation attempt; a third
+// runs without the interposer, to show that gpuwarden sees it anyway.
+func demoContainers() []*demoContainer {
+	train := []string{"--seconds", "1000000", "--kernels", "8", "--kernel-ns", "1000000", "--batch", "32"}
+	return []*demoContainer{
+		{name: "demo-a", env: []string{"GPUWARDEN_MEMORY_LIMIT=6Gi", "GPUWARDEN_COMPUTE_WEIGHT=1"},
+			args: append([]string{"--label", "a", "--alloc", "4Gi", "--try-alloc", "4Gi"}, train...),
+			note: "6 GiB quota, weight 1; holds 4 GiB and asks for 4 GiB more (over its quota)"},
+		{name: "demo-b", env: []string{"GPUWARDEN_MEMORY_LIMIT=8Gi", "GPUWARDEN_COMPUTE_WEIGHT=2"},
+			args: append([]string{"--label", "b", "--alloc", "6Gi"}, train...),
+			note: "8 GiB quota, weight 2; holds 6 GiB"},
+		{name: "demo-c", args: []string{"--label", "c", "--alloc", "512Mi", "--hold"},
+			note: "no interposer (a bypass); holds 512 MiB"},
+	}
+}
+
+// runDemo starts simgpu, the agent and three containers, prints what
+// gpuwarden sees, and runs until --duration passes or Ctrl-C.
 func runDemo(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	duration := fs.Duration("duration", 0, "stop after this long (0: run until Ctrl-C)")
+	listen := fs.String("listen", "127.0.0.1:9477", "the agent's HTTP address")
+	every := fs.Duration("every", 5*time.Second, "how often to print the shares")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	m, err := newSimMachine(1, "15Gi")
-	if err != nil {
-		fmt.Fprintf(stderr, "gpuwarden demo: %v\n", err)
-		return 1
-	}
-	defer m.close()
-
-	fmt.Fprintf(stdout, "simulated GPU: 1 device with %s of memory (state in %s)\n", m.memory, m.dir)
-	cmd := m.workload("--label", "demo", "--alloc", "6Gi", "--seconds", "1000000", "--kernels", "8",
-		"--kernel-ns", "1000000", "--batch", "32")
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		fmt.Fprintf(stderr, "gpuwarden demo: %v\n", err)
-		return 1
-	}
-	cmd.Stderr = stderr
-	if err := cmd.Start(); err != nil {
-		fmt.Fprintf(stderr, "gpuwarden demo: start workload: %v\n", err)
-		return 1
-	}
-	lines := bufio.NewScanner(out)
-	if lines.Scan() && strings.HasPrefix(lines.Text(), "ready") {
-		fmt.Fprintf(stdout, "workload started: %s (6 GiB allocated, steps of 8 kernels x 1 ms)\n", lines.Text())
-	}
-
 	stop := make(chan os.Signal, 1)
 	signal.Notify(stop, os.Interrupt, syscall.SIGTERM)
 	defer signal.Stop(stop)
-	var timeout <-chan time.Time
+	var deadline <-chan time.Time
 	if *duration > 0 {
-		timeout = time.After(*duration)
+		deadline = time.After(*duration)
 	}
-	select {
-	case <-stop:
-	case <-timeout:
+	if err := demo(*listen, *every, stop, deadline, stdout); err != nil {
+		fmt.Fprintf(stderr, "gpuwarden demo: %v\n", err)
+		return 1
 	}
-	// SIGINT lets the workload print its rate before it exits.
-	_ = cmd.Process.Signal(syscall.SIGINT)
-	for lines.Scan() {
-		fmt.Fprintln(stdout, lines.Text())
-	}
-	_ = cmd.Wait()
-	fmt.Fprintln(stdout, "demo finished; the workload's memory went back to the device when it exited")
 	return 0
+}
+
+func demo(listen string, every time.Duration, stop <-chan os.Signal, deadline <-chan time.Time, out io.Writer) error {
+	root := os.Geteuid() == 0
+	m, err := newSimMachine(1, "15Gi")
+	if err != nil {
+		return err
+	}
+	defer m.close()
+	ctl := filepath.Join(m.dir, "control")
+	fmt.Fprintf(out, "simulated GPU: 1 device, 15 GiB (simgpu state in %s)\n", m.dir)
+	if !root {
+		fmt.Fprintln(out, "note: not root: no eBPF observation and no cgroups, so each workload is its own \"container\""+
+			" by process and the bypassing one is not detected; run `sudo make demo` for the whole picture")
+	}
+
+	agent, addr, err := startDemoAgent(m, ctl, listen, root)
+	if err != nil {
+		return err
+	}
+	defer stopProcess(agent)
+	fmt.Fprintf(out, "agent: http://%s (metrics: http://%s/metrics, API: http://%s/api/v1/containers)\n\n", addr, addr, addr)
+
+	containers := demoContainers()
+	defer func() {
+		for _, c := range containers {
+			c.stop()
+		}
+	}()
+	for _, c := range containers {
+		if err := c.start(m, ctl, root); err != nil {
+			return err
+		}
+		fmt.Fprintf(out, "started %s: %s\n", c.name, c.note)
+	}
+
+	time.Sleep(3 * time.Second) // let the agent see a few seconds of work
+	fmt.Fprintln(out)
+	if err := relay(out, exec.Command(filepath.Join(m.bin, "gpuwarden"), "smi", "--agent", addr)); err != nil {
+		return err
+	}
+	prev := readDemoLaunches(addr)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			fmt.Fprintln(out, "\nstopping")
+			return nil
+		case <-deadline:
+			fmt.Fprintln(out, "\ndone")
+			return nil
+		case <-tick.C:
+			cur := readDemoLaunches(addr)
+			printShares(out, containers, prev, cur)
+			prev = cur
+		}
+	}
+}
+
+var demoServingRe = regexp.MustCompile(`msg=serving address=(\S+)`)
+
+func startDemoAgent(m *simMachine, ctl, listen string, root bool) (*exec.Cmd, string, error) {
+	cmd := exec.Command(filepath.Join(m.bin, "gpuwarden"), "agent", "--listen", listen)
+	cmd.Env = append(m.env(), "GPUWARDEN_CONTROL_DIR="+ctl,
+		"GPUWARDEN_NVML_LIBRARY="+filepath.Join(m.bin, "simgpu", "libnvidia-ml.so.1"),
+		"GPUWARDEN_EBPF_LIBRARIES="+filepath.Join(m.bin, "simgpu", "libcuda.so.1"),
+		"GPUWARDEN_EBPF_LDCONFIG_SONAME=", "GPUWARDEN_EBPF_PIN_DIR=", "GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET=",
+		fmt.Sprintf("GPUWARDEN_EBPF_ENABLED=%v", root))
+	logf, err := os.Create(filepath.Join(m.dir, "agent.log"))
+	if err != nil {
+		return nil, "", err
+	}
+	cmd.Stderr = logf
+	if err := cmd.Start(); err != nil {
+		return nil, "", fmt.Errorf("start agent: %w", err)
+	}
+	for i := 0; i < 300; i++ {
+		b, _ := os.ReadFile(logf.Name())
+		if mm := demoServingRe.FindSubmatch(b); mm != nil {
+			return cmd, string(mm[1]), nil
+		}
+		if strings.Contains(string(b), "agent failed to start") {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	stopProcess(cmd)
+	b, _ := os.ReadFile(logf.Name())
+	return nil, "", fmt.Errorf("the agent did not start (is %s in use?):\n%s", listen, b)
+}
+
+func (c *demoContainer) start(m *simMachine, ctl string, root bool) error {
+	c.cmd = m.workload(c.args...)
+	if c.env != nil {
+		c.cmd.Env = append(c.cmd.Env, "LD_PRELOAD="+filepath.Join(m.bin, "libgpuwarden.so"), "GPUWARDEN_CONTROL_DIR="+ctl)
+		c.cmd.Env = append(c.cmd.Env, c.env...)
+	}
+	if root {
+		mnt, err := cgroups.Mount("/proc/self/mountinfo")
+		if err != nil {
+			return err
+		}
+		c.rel = fmt.Sprintf("/gpuwarden-demo-%d/%s", os.Getpid(), c.name)
+		c.cgroup = filepath.Join(mnt, c.rel)
+		if err := os.MkdirAll(c.cgroup, 0o755); err != nil {
+			return fmt.Errorf("make cgroup: %w", err)
+		}
+		fd, err := syscall.Open(c.cgroup, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+		if err != nil {
+			return err
+		}
+		defer syscall.Close(fd)
+		c.cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
+	}
+	stdout, err := c.cmd.StdoutPipe()
+	if err != nil {
+		return err
+	}
+	if err := c.cmd.Start(); err != nil {
+		return fmt.Errorf("start %s: %w", c.name, err)
+	}
+	lines := bufio.NewScanner(stdout)
+	for lines.Scan() {
+		if strings.HasPrefix(lines.Text(), "try-alloc ") {
+			c.note += " -> " + strings.TrimPrefix(lines.Text(), "try-alloc ")
+		}
+		if strings.HasPrefix(lines.Text(), "ready") {
+			go func() { _, _ = io.Copy(io.Discard, stdout) }()
+			return nil
+		}
+	}
+	_ = c.cmd.Wait()
+	return fmt.Errorf("%s exited before it was ready", c.name)
+}
+
+func (c *demoContainer) stop() {
+	if c.cmd != nil && c.cmd.Process != nil {
+		_ = c.cmd.Process.Kill()
+		_ = c.cmd.Wait()
+	}
+	if c.cgroup != "" {
+		_ = os.Remove(c.cgroup)
+		_ = os.Remove(filepath.Dir(c.cgroup)) // the demo's parent, once empty
+	}
+}
+
+func stopProcess(cmd *exec.Cmd) {
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+	}
+}
+
+func relay(out io.Writer, cmd *exec.Cmd) error {
+	cmd.Stdout, cmd.Stderr = out, out
+	return cmd.Run()
+}
+
+// demoLaunches is each container's launch counter at a time.
+type demoLaunches struct {
+	at     time.Time
+	byName map[string]collector.ContainerDevice
+}
+
+func readDemoLaunches(addr string) demoLaunches {
+	d := demoLaunches{at: time.Now(), byName: map[string]collector.ContainerDevice{}}
+	var resp collector.ContainersResponse
+	src := &smiSource{agent: &url.URL{Scheme: "http", Host: addr}, client: &http.Client{Timeout: 5 * time.Second}}
+	if err := src.get(context.Background(), "/api/v1/containers", &resp); err != nil {
+		return d
+	}
+	for _, c := range resp.Containers {
+		d.byName[c.Container] = c
+	}
+	return d
+}
+
+// printShares prints a table like cGPU's: each container's rate in images/s
+// (from its exact launch counter: 8 launches a step, 32 images a step), its
+// measured share and its target.
+func printShares(out io.Writer, cs []*demoContainer, prev, cur demoLaunches) {
+	dt := cur.at.Sub(prev.at).Seconds()
+	w := tabwriter.NewWriter(out, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(w, "\ncontainer\tmemory used\tquota\timages/s\tshare\ttarget\tenforced\t\n")
+	var rows []string
+	for _, c := range cs {
+		key := c.rel
+		e, ok := cur.byName[key]
+		if !ok {
+			continue
+		}
+		p := prev.byName[key]
+		rate := "-"
+		if e.LaunchesExact && dt > 0 {
+			rate = fmt.Sprintf("%.0f", (e.Launches-p.Launches)/dt/8*32)
+		}
+		target, quota := "-", "-"
+		if e.ComputeLimit > 0 {
+			target = fmt.Sprintf("%.0f%%", e.ComputeLimit*100)
+		}
+		if e.MemoryLimitBytes > 0 {
+			quota = fmt.Sprintf("%dMiB", e.MemoryLimitBytes>>20)
+		}
+		enforced := "yes"
+		if e.Unenforced {
+			enforced = "NO (bypass)"
+		}
+		rows = append(rows, fmt.Sprintf("%s\t%dMiB\t%s\t%s\t%.0f%%\t%s\t%s\t", c.name, e.MemoryUsedBytes>>20, quota, rate,
+			e.ComputeShare*100, target, enforced))
+	}
+	sort.Strings(rows)
+	for _, r := range rows {
+		fmt.Fprintln(w, r)
+	}
+	_ = w.Flush()
 }

@@ -5,7 +5,10 @@
  *
  *   workload [--alloc 1Gi] [--steps N | --seconds S] [--kernels 8] [--kernel-ns 100000]
  *            [--batch 32] [--device 0] [--resolve direct|procaddr] [--graph]
- *            [--sync-every-launch] [--hold] [--label NAME] [--launch-cost N]
+ *            [--sync-every-launch] [--hold] [--label NAME] [--launch-cost N] [--try-alloc SIZE]
+ *
+ * --try-alloc asks for SIZE more after --alloc and goes on whether or not it
+ * gets it, printing "try-alloc <result>": an over-quota attempt.
  */
 #include <dlfcn.h>
 #include <signal.h>
@@ -108,7 +111,7 @@ static unsigned long long parse_size(const char *s) {
 }
 
 int main(int argc, char **argv) {
-    unsigned long long alloc = 0, kernel_ns = 100000;
+    unsigned long long alloc = 0, kernel_ns = 100000, try_alloc = 0;
     long steps = 0, kernels = 8, batch = 32, launch_cost = 0;
     double seconds = 0;
     int device = 0, graph = 0, sync_each = 0, hold = 0;
@@ -126,6 +129,7 @@ int main(int argc, char **argv) {
         else if (OPT("--resolve")) resolve = v;
         else if (OPT("--label")) label = v;
         else if (OPT("--launch-cost")) launch_cost = atol(v);
+        else if (OPT("--try-alloc")) try_alloc = parse_size(v);
         else if (!strcmp(a, "--graph")) graph = 1;
         else if (!strcmp(a, "--sync-every-launch")) sync_each = 1;
         else if (!strcmp(a, "--hold")) hold = 1;
@@ -153,6 +157,13 @@ int main(int argc, char **argv) {
     if (alloc) {
         CHECK(cu.cuMemAlloc_v2(&buf, alloc));
         CHECK(cu.cuMemsetD8_v2(buf, 0, alloc < 4096 ? alloc : 4096));
+    }
+    if (try_alloc) {
+        CUdeviceptr extra;
+        CUresult rc = cu.cuMemAlloc_v2(&extra, try_alloc);
+        const char *name = "?";
+        cu.cuGetErrorName(rc, &name);
+        printf("try-alloc %s\n", name);
     }
     CUmodule mod;
     CUfunction fn;
