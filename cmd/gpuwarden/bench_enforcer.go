@@ -1,0 +1,162 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"time"
+
+	"github.com/gpuwarden/gpuwarden/enforcer/policy"
+	"github.com/gpuwarden/gpuwarden/enforcer/scheduler"
+	"github.com/gpuwarden/gpuwarden/enforcer/scheduler/simrun"
+)
+
+func init() { benchSuites["enforcer"] = benchSuite{order: 30, run: benchEnforcer} }
+
+// enforcerRow is one experiment: containers on one simulated GPU under the
+// scheduler, each running the training loop for the same time.
+type enforcerRow struct {
+	name   string
+	gpu    scheduler.GPUSettings
+	a, b   []string // workload arguments past --seconds; nil b: no second container
+	aEnv   []string
+	bEnv   []string
+	bIdle  bool    // b holds a context and launches nothing
+	target float64 // b's images/s over a's (0: none), or a's share when b idles
+}
+
+// benchEnforcer reproduces cGPU's documented experiment on simgpu: two
+// containers at weights 1:2 under policy 2, one row per kernel duration (a
+// sweep standing in for batch sizes 16-128), plus fixed 30%/70%, preemptive
+// with an idle partner, a CUDA-graph and a sync-every-launch workload. The
+// budget is an achieved share within 5% of target on every row.
+func benchEnforcer(o benchOptions, stdout io.Writer) error {
+	bin, err := binDir()
+	if err != nil {
+		return err
+	}
+	secs := max(o.seconds, 5)
+	k := func(ns int, more ...string) []string {
+		return append([]string{"--kernels", "8", "--kernel-ns", strconv.Itoa(ns), "--batch", "32"}, more...)
+	}
+	k20ms := []string{"--kernels", "1", "--kernel-ns", "20000000", "--batch", "32"}
+	w1, w2 := []string{"GPUWARDEN_COMPUTE_WEIGHT=1"}, []string{"GPUWARDEN_COMPUTE_WEIGHT=2"}
+	rows := []enforcerRow{
+		{name: "weighted_1to2_k20us", a: k(20000), b: k(20000), aEnv: w1, bEnv: w2, target: 2},
+		{name: "weighted_1to2_k200us", a: k(200000), b: k(200000), aEnv: w1, bEnv: w2, target: 2},
+		{name: "weighted_1to2_k2ms", a: k(2000000), b: k(2000000), aEnv: w1, bEnv: w2, target: 2},
+		// 20 ms kernels one a step: 8 a step would give the 1-weight container
+		// about ten steps in a run, too few to measure a rate to 5%.
+		{name: "weighted_1to2_k20ms", a: k20ms, b: k20ms, aEnv: w1, bEnv: w2, target: 2},
+		{name: "fixed_30_70_k2ms", gpu: scheduler.GPUSettings{Policy: policy.Fixed, PolicySet: true, MaxInst: 10},
+			a: k(2000000), b: k(2000000), aEnv: []string{"GPUWARDEN_COMPUTE_WEIGHT=3"}, bEnv: []string{"GPUWARDEN_COMPUTE_WEIGHT=7"}, target: 7.0 / 3},
+		{name: "preemptive_idle_partner_k2ms", gpu: scheduler.GPUSettings{Policy: policy.Preemptive, PolicySet: true},
+			a: k(2000000), bIdle: true, target: 1},
+		{name: "weighted_1to2_graph_k200us", a: k(200000, "--graph"), b: k(200000, "--graph"), aEnv: w1, bEnv: w2, target: 2},
+		{name: "weighted_1to2_sync_k200us", a: k(200000, "--sync-every-launch"), b: k(200000, "--sync-every-launch"), aEnv: w1, bEnv: w2, target: 2},
+	}
+	if f := os.Getenv("GPUWARDEN_BENCH_ROWS"); f != "" { // a subset, for development
+		var keep []enforcerRow
+		for _, r := range rows {
+			if filepath.Base(r.name) != "" && containsWord(f, r.name) {
+				keep = append(keep, r)
+			}
+		}
+		rows = keep
+	}
+	// One simulated machine for every row: simgpu's NVML binds one per process.
+	dir, err := os.MkdirTemp("", "gpuwarden-enforcer-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	m := simrun.Machine{Bin: bin, Dir: dir, Devices: 1, Memory: "16Gi"}
+	within := 0
+	for _, r := range rows {
+		ok, err := enforcerRun(m, r, secs, stdout)
+		if err != nil {
+			return fmt.Errorf("%s: %w", r.name, err)
+		}
+		within += b2i(ok)
+	}
+	// The figures are the result; a row out of budget is reported, not an error.
+	fmt.Fprintf(stdout, "BENCH enforcer_rows_within_budget %d of_%d\n", within, len(rows))
+	return nil
+}
+
+func containsWord(list, w string) bool {
+	for _, x := range filepath.SplitList(list) {
+		if x == w {
+			return true
+		}
+	}
+	return false
+}
+
+func enforcerRun(m simrun.Machine, r enforcerRow, secs float64, stdout io.Writer) (bool, error) {
+	run, err := simrun.Start(m, scheduler.Config{}, r.gpu)
+	if err != nil {
+		return false, err
+	}
+	defer run.Close()
+	s := strconv.FormatFloat(secs, 'f', -1, 64)
+	claims := scheduler.Settings{FromClaims: true}
+	if err := run.Spawn(simrun.Container{Name: "a", Args: append([]string{"--seconds", s}, r.a...), Env: r.aEnv, Settings: claims}); err != nil {
+		return false, err
+	}
+	if r.bIdle {
+		err = run.Spawn(simrun.Container{Name: "b", Args: []string{"--hold"}, Env: r.bEnv, Settings: claims})
+	} else if r.b != nil {
+		err = run.Spawn(simrun.Container{Name: "b", Args: append([]string{"--seconds", s}, r.b...), Env: r.bEnv, Settings: claims})
+	}
+	if err != nil {
+		return false, err
+	}
+	if err := run.Admit(); err != nil {
+		return false, err
+	}
+	// Shares over the middle of the run, from NVML.
+	time.Sleep(time.Duration(secs * 0.2 * float64(time.Second)))
+	b0, t0 := run.Busy(), time.Now()
+	time.Sleep(time.Duration(secs * 0.6 * float64(time.Second)))
+	b1, t1 := run.Busy(), time.Now()
+	wall := float64(t1.Sub(t0))
+	shareA, shareB := float64(b1["a"]-b0["a"])/wall, float64(b1["b"]-b0["b"])/wall
+	ra, err := run.Wait("a", time.Duration(secs+30)*time.Second)
+	if err != nil {
+		return false, err
+	}
+	name := "enforcer_" + r.name
+	fmt.Fprintf(stdout, "BENCH %s_a_images_per_sec %.1f images/s\n", name, ra["images_per_sec"])
+	fmt.Fprintf(stdout, "BENCH %s_a_share %.3f ratio\n", name, shareA)
+	if r.bIdle {
+		fmt.Fprintf(stdout, "BENCH %s_a_device_busy %.3f ratio\n", name, ra["device_busy_ratio"])
+		// Judged over the middle of the run (the workload's own figure
+		// includes its start, before the scheduler has measured it).
+		ok := shareA >= 0.95*r.target
+		fmt.Fprintf(stdout, "BENCH %s_within_budget %d bool\n", name, b2i(ok))
+		return ok, nil
+	}
+	rb, err := run.Wait("b", time.Duration(secs+30)*time.Second)
+	if err != nil {
+		return false, err
+	}
+	ratio := rb["images_per_sec"] / ra["images_per_sec"]
+	fmt.Fprintf(stdout, "BENCH %s_b_images_per_sec %.1f images/s\n", name, rb["images_per_sec"])
+	fmt.Fprintf(stdout, "BENCH %s_b_share %.3f ratio\n", name, shareB)
+	fmt.Fprintf(stdout, "BENCH %s_ratio %.3f ratio\n", name, ratio)
+	fmt.Fprintf(stdout, "BENCH %s_share_ratio %.3f ratio\n", name, shareB/shareA)
+	fmt.Fprintf(stdout, "BENCH %s_target_ratio %.3f ratio\n", name, r.target)
+	ok := ratio >= 0.95*r.target && ratio <= 1.05*r.target
+	fmt.Fprintf(stdout, "BENCH %s_within_budget %d bool\n", name, b2i(ok))
+	return ok, nil
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,300 @@
+package scheduler
+
+import (
+	"math"
+	"time"
+
+	"github.com/gpuwarden/gpuwarden/enforcer/policy"
+)
+
+const (
+	// Before a container's device time per ticket is measured, a slice
+	// gives it at most probe tickets, starting at probeStart and doubling
+	// each slice it uses them all (a slow start), at an assumed small cost:
+	// short kernels are not held to a trickle (which NVML's whole percents
+	// could not even measure) and long ones do not get seconds of work.
+	priorCostNs = float64(50 * time.Microsecond)
+	probeStart  = 8
+	costTau     = 5 * time.Second        // window of the cost estimate
+	shareTau    = time.Second            // window of the achieved share
+	busyHold    = 300 * time.Millisecond // a container that took a ticket this recently is busy
+)
+
+// gpu is one device's loop state.
+type gpu struct {
+	dev      int
+	settings GPUSettings
+	eff      policy.Policy
+	members  []*member
+
+	owner        *member
+	sliceStart   time.Time
+	sliceIssued0 uint64  // the owner's tickets when its slice began
+	sliceTook    float64 // device time of the tickets it took in the slice, ns
+	sliceHeld    float64 // wall time it has held the slice, ns
+	lastTick     time.Time
+}
+
+// member is one container on one device.
+type member struct {
+	c   *container
+	dev int
+
+	lastIssued uint64    // tickets taken, as of the last tick
+	charged    uint64    // tickets already charged to credit
+	lastTake   time.Time // when it last took a ticket
+	waiting    bool      // a launch waits at the gate
+	busy       bool
+
+	target float64 // share, 0-1
+	borrow bool
+	credit float64 // ns of device time it may still use
+
+	cost       float64 // ns of device time per ticket; 0: not measured yet
+	probe      uint64  // tickets per slice while cost is 0
+	sumBusy    float64 // decayed busy ns
+	sumTickets float64 // decayed tickets
+	measIssued uint64  // tickets at the last measurement
+	lastBusy   uint64
+	haveBusy   bool
+	achieved   float64
+}
+
+func newMember(c *container, dev int, now time.Time) *member {
+	i := c.usage.Issued(dev)
+	return &member{c: c, dev: dev, lastIssued: i, charged: i, measIssued: i, lastTake: now.Add(-busyHold), probe: probeStart}
+}
+
+func (m *member) costNs() float64 {
+	if m.cost > 0 {
+		return m.cost
+	}
+	return priorCostNs
+}
+
+// plan computes the effective policy and each member's share.
+func (g *gpu) plan(now time.Time, cfg Config) {
+	cs := make([]policy.Container, len(g.members))
+	for i, m := range g.members {
+		e := m.c.eff
+		// A busy high-priority container is taken at all its share (Demand
+		// 0): what it measures is what the others leave it, so feeding that
+		// back would let them keep what they took. The others run when it
+		// goes idle (and, with soft, while it leaves the device idle).
+		cs[i] = policy.Container{Weight: e.Weight, CapPercent: e.CapPercent, High: e.High,
+			Present: m.c.reserved[g.dev] > 0 || m.busy, Busy: m.busy}
+	}
+	g.eff = policy.Effective(g.settings.Policy, g.settings.PolicySet, cs)
+	shares := policy.Shares(g.eff, g.settings.MaxInst, cs)
+	for i, m := range g.members {
+		m.target, m.borrow = shares[i].Target, shares[i].Borrow
+	}
+}
+
+// applyGates sets or lifts every member's gate on this device.
+func (g *gpu) applyGates() {
+	for _, m := range g.members {
+		m.c.setGate(g.dev, g.eff.Gated())
+	}
+}
+
+// measure takes a new reading of busy ns per container, dt after the last.
+func (g *gpu) measure(busy map[string]uint64, dt time.Duration) {
+	if dt <= 0 {
+		return
+	}
+	decay := math.Exp(-float64(dt) / float64(costTau))
+	alpha := 1 - math.Exp(-float64(dt)/float64(shareTau))
+	for _, m := range g.members {
+		b := busy[m.c.key]
+		if !m.haveBusy || b < m.lastBusy {
+			m.lastBusy, m.measIssued, m.haveBusy = b, m.lastIssued, true
+			continue
+		}
+		db, di := float64(b-m.lastBusy), float64(m.lastIssued-m.measIssued)
+		m.lastBusy, m.measIssued = b, m.lastIssued
+		m.sumBusy = m.sumBusy*decay + db
+		m.sumTickets = m.sumTickets*decay + di
+		if m.sumTickets >= 4 && m.sumBusy > 0 {
+			m.cost = m.sumBusy / m.sumTickets
+		}
+		m.achieved += (min(db/float64(dt), 1) - m.achieved) * alpha
+	}
+}
+
+// idle says an owner has stopped using its slice: it waits at no gate and
+// has taken no ticket for longer than its released work can last (it may be
+// synchronizing on up to a lookahead of work, plus a ticket or two).
+func (m *member) idle(now time.Time, cfg Config) bool {
+	after := cfg.Lookahead + 2*cfg.Tick + time.Duration(2*m.costNs())
+	return !m.waiting && now.Sub(m.lastTake) > min(after, 200*time.Millisecond)
+}
+
+// tick observes the gates, charges credit, picks the slice's owner and
+// releases its tickets.
+func (g *gpu) tick(now time.Time, cfg Config) {
+	dt := float64(now.Sub(g.lastTick))
+	g.lastTick = now
+	if len(g.members) == 0 {
+		g.owner = nil
+		return
+	}
+	for _, m := range g.members {
+		issued, grant := m.c.usage.Issued(g.dev), m.c.limits.Grant(g.dev)
+		if issued < m.lastIssued { // a new ledger: start counting again
+			m.lastIssued, m.charged, m.measIssued = issued, issued, issued
+		}
+		if issued > m.lastIssued {
+			m.lastIssued, m.lastTake = issued, now
+		}
+		m.waiting = issued > grant
+		m.busy = m.waiting || now.Sub(m.lastTake) < busyHold
+	}
+	g.plan(now, cfg)
+	g.applyGates()
+	if !g.eff.Gated() {
+		g.owner = nil
+		return
+	}
+
+	// Credit: earned at the target share of wall time. The owner pays the
+	// wall time it holds the device (a time slice), and at the slice's end
+	// for what it took beyond it (work that runs into the next slice);
+	// others pay for tickets they take outside a slice.
+	slice := float64(cfg.Slice)
+	for _, m := range g.members {
+		took := float64(m.lastIssued-m.charged) * m.costNs()
+		m.charged = m.lastIssued
+		charge := took
+		if m == g.owner {
+			charge = dt
+			g.sliceTook += took
+			g.sliceHeld += dt
+		}
+		hi := slice
+		if m.busy {
+			hi = slice * float64(len(g.members)+1)
+		}
+		m.credit = min(max(m.credit+m.target*dt-charge, -2*slice), hi)
+		if m.target >= 1 { // entitled to the whole device: it owes nothing
+			m.credit = max(m.credit, float64(cfg.Tick))
+		}
+	}
+
+	// The slice: the owner keeps it for the slice's length while it uses the
+	// device and no high-priority container waits; then the waiting
+	// container with the most (positive) credit takes the device.
+	o := g.owner
+	highWaits := false
+	for _, m := range g.members {
+		if m.c.eff.High && m.waiting && m.credit > 0 {
+			highWaits = true
+		}
+	}
+	if o != nil && (now.Sub(g.sliceStart) >= cfg.Slice || o.idle(now, cfg) || (highWaits && !o.c.eff.High)) {
+		next := g.pick(o, now, cfg)
+		if next != o || now.Sub(g.sliceStart) >= cfg.Slice || o.credit <= 0 {
+			g.begin(next, now)
+		}
+	} else if o == nil {
+		g.begin(g.pick(nil, now, cfg), now)
+	}
+	if g.owner == nil {
+		return
+	}
+	g.release(g.owner, now, cfg)
+	// Soft: while the owner leaves the device idle (it does not wait at its
+	// gate), the waiting container with the most credit borrows, paying for
+	// the tickets it takes.
+	if o := g.owner; o.borrow && !o.waiting {
+		var b *member
+		for _, m := range g.members {
+			if m != o && m.waiting && (b == nil || m.credit > b.credit) {
+				b = m
+			}
+		}
+		if b != nil {
+			want := b.lastIssued + uint64(max(1, math.Ceil(float64(cfg.Lookahead)/b.costNs())))
+			if b.cost == 0 {
+				want = min(want, b.lastIssued+b.probe)
+			}
+			_ = b.c.limits.RaiseGrant(g.dev, want)
+		}
+	}
+}
+
+// pick chooses the next owner among the waiting containers (and the current
+// owner while it uses the device).
+func (g *gpu) pick(cur *member, now time.Time, cfg Config) *member {
+	var cands []*member
+	high := false
+	for _, m := range g.members {
+		if m.waiting || (m == cur && !m.idle(now, cfg)) {
+			cands = append(cands, m)
+			if m.c.eff.High && m.credit > 0 {
+				high = true
+			}
+		}
+	}
+	var best *member
+	for _, m := range cands {
+		if high && !m.c.eff.High {
+			continue
+		}
+		if m.credit > 0 && (best == nil || m.credit > best.credit) {
+			best = m
+		}
+	}
+	if best == nil { // soft: a container may borrow what nobody with credit wants
+		for _, m := range cands {
+			if m.borrow && (best == nil || m.credit > best.credit) {
+				best = m
+			}
+		}
+	}
+	return best
+}
+
+func (g *gpu) begin(m *member, now time.Time) {
+	if o := g.owner; o != nil {
+		// Work taken beyond the slice by more than a ticket (long kernels)
+		// runs in the next one: it is paid for. Within a ticket it is not:
+		// the estimate of cost is a few percent off either way, and every
+		// owner leaves about that much.
+		if ex := g.sliceTook - g.sliceHeld - o.costNs(); ex > 0 {
+			o.credit -= ex
+		}
+		if o.cost == 0 && o.lastIssued >= g.sliceIssued0+o.probe && o.probe < 1<<20 {
+			o.probe *= 2
+		}
+	}
+	g.sliceTook, g.sliceHeld = 0, 0
+	g.owner, g.sliceStart = m, now
+	if m != nil {
+		g.sliceIssued0 = m.lastIssued
+	}
+}
+
+// release raises the owner's grant: a lookahead of device time past what it
+// has taken, and no further than the end of its slice: work released for
+// after the slice would run in another's. A slice always runs its full
+// length (the owner's credit may go into debt, paid back before its next
+// slice), so that switching costs the same share of every container's time.
+func (g *gpu) release(o *member, now time.Time, cfg Config) {
+	c := o.costNs()
+	tickets := func(ns float64) uint64 { return uint64(max(1, math.Ceil(ns/c))) }
+	elapsed := float64(now.Sub(g.sliceStart))
+	end := float64(cfg.Slice)
+	ahead := min(float64(cfg.Lookahead), end-elapsed)
+	if ahead <= 0 {
+		return
+	}
+	want := o.lastIssued + tickets(ahead)
+	want = min(want, g.sliceIssued0+tickets(elapsed+ahead))
+	if o.cost == 0 {
+		want = min(want, g.sliceIssued0+o.probe)
+	}
+	if want > o.c.limits.Grant(g.dev) {
+		_ = o.c.limits.RaiseGrant(g.dev, want)
+	}
+}

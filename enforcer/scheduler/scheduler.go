@@ -1,0 +1,446 @@
+// Package scheduler holds the containers sharing each GPU to the shares
+// enforcer/policy gives them, by raising the launch grants in their control
+// blocks (see enforcer/interposer/README.md, "Launch gate").
+//
+// How it controls: time slices. On each gated GPU at most one container (the
+// owner) is given new grants at a time, for a slice of up to Config.Slice;
+// the others' launches wait at the gate. The owner is the waiting container
+// with the most credit; credit accrues at the container's target share of
+// wall time and is spent as it uses the device. Only one container's work
+// reaches the device at a time, so the device does not interleave
+// containers kernel by kernel (which costs a context switch on a GPU and, on
+// simgpu, a hand-off), and the shares do not depend on how the device
+// arbitrates between queued work.
+//
+// How it measures: a grant is in tickets (one per launch, a CUDA graph is one
+// launch), but a share is in device time. Each container's device time per
+// ticket is estimated from its busy time (Source: NVML per-process
+// utilization) divided by the tickets it took, over a window of seconds; the
+// slice releases tickets at that cost, a little ahead of the device, and a
+// container is charged as it takes them. An owner that does not keep up with
+// its slice (it synchronizes, or computes on the host) is charged the wall
+// time it held the device, as a time slice is charged, so synchronizing
+// workloads keep their ratio.
+//
+// A dead agent never stops the workloads: the loop writes each container's
+// heartbeat; if the agent dies the interposer lets launches through after the
+// limits file's grace period (GraceNs, 10 s by default). Stop and
+// RemoveContainer lift the gates at once (gate_mask bit cleared).
+package scheduler
+
+import (
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/policy"
+)
+
+// Config tunes the loop. Zero values take the defaults.
+type Config struct {
+	Source    Source        // device time per container; nil: costs stay at their prior
+	Tick      time.Duration // how often grants are decided (default 5ms)
+	Slice     time.Duration // longest time slice (default 50ms)
+	Lookahead time.Duration // device time released ahead of the device (default 10ms)
+	Measure   time.Duration // how often Source is read (default 100ms)
+	Heartbeat time.Duration // how often heartbeats are written (default 100ms)
+	Ledger    time.Duration // how often ledgers are read for claims and throttled time (default 500ms)
+}
+
+func (c *Config) defaults() {
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&c.Tick, 5*time.Millisecond)
+	def(&c.Slice, 50*time.Millisecond)
+	def(&c.Lookahead, 10*time.Millisecond)
+	def(&c.Measure, 100*time.Millisecond)
+	def(&c.Heartbeat, 100*time.Millisecond)
+	def(&c.Ledger, 500*time.Millisecond)
+}
+
+// Settings are a container's compute settings.
+type Settings struct {
+	Weight     int  // 1-1000 (0: 1)
+	CapPercent int  // hard cap, 1-100; 0: none
+	High       bool // high priority
+	// FromClaims takes weight, cap and priority from what the container's
+	// environment claims in its ledger (off Kubernetes); the fields above
+	// are then ignored.
+	FromClaims bool
+}
+
+// GPUSettings are a GPU's scheduling settings.
+type GPUSettings struct {
+	Policy    policy.Policy
+	PolicySet bool // false: policy.Effective chooses (weighted when a weight is above 1)
+	MaxInst   int  // 0: policy.DefaultMaxInst
+}
+
+// Status is one container's state on one device.
+type Status struct {
+	Key              string
+	Device           int
+	Policy           policy.Policy
+	Gated            bool
+	Busy             bool
+	Weight           int // settings in force (from claims where Settings.FromClaims)
+	CapPercent       int
+	High             bool
+	Target           float64 // share it is held to (gpuwarden_container_compute_limit_ratio)
+	Achieved         float64 // measured share over about the last second (gpuwarden_container_compute_share_ratio)
+	ThrottledSeconds float64 // time its launches waited at the gate, all processes, ever (monotonic)
+	Launches         uint64  // gate tickets taken on the device
+	CostNs           float64 // estimated device time per ticket
+}
+
+// ErrUnknownContainer is returned for a key that was never added.
+var ErrUnknownContainer = errors.New("unknown container")
+
+// Scheduler runs the enforcer's loop for every GPU of a node.
+type Scheduler struct {
+	cfg Config
+
+	mu         sync.Mutex
+	containers map[string]*container
+	gpus       map[int]*gpu
+	stop       chan struct{}
+	done       chan struct{}
+	lastMeas   time.Time
+	lastBeat   time.Time
+	lastLedger time.Time
+}
+
+type container struct {
+	key      string
+	limits   *controlblock.LimitsFile
+	usage    *controlblock.UsageFile
+	devices  []int
+	settings Settings
+	eff      Settings // settings in force (claims resolved)
+	gated    uint32   // gate_mask bits this scheduler set
+
+	claimsSeen bool              // the ledger's claims were there when last read
+	slotSeen   map[slotID]uint64 // throttled_ns last seen per process slot
+	throttled  uint64            // ns, accumulated over processes that came and went
+	reserved   [controlblock.MaxDevices]uint64
+	pids       []uint32
+}
+
+type slotID struct {
+	slot  int
+	pid   int32
+	start uint64
+}
+
+// New makes a scheduler; Start runs it.
+func New(cfg Config) *Scheduler {
+	cfg.defaults()
+	return &Scheduler{cfg: cfg, containers: map[string]*container{}, gpus: map[int]*gpu{}}
+}
+
+func validate(st Settings) error {
+	if st.FromClaims {
+		return nil
+	}
+	return policy.Container{Weight: st.Weight, CapPercent: st.CapPercent}.Validate()
+}
+
+// AddContainer puts a container under the scheduler on the given devices.
+// The agent owns the files (it created limits with CreateLimits and maps
+// the ledger read-only) and closes them after RemoveContainer.
+func (s *Scheduler) AddContainer(key string, limits *controlblock.LimitsFile, usage *controlblock.UsageFile, devices []int, st Settings) error {
+	if limits == nil || usage == nil {
+		return errors.New("add container: limits and usage are required")
+	}
+	if err := validate(st); err != nil {
+		return fmt.Errorf("add container %s: %w", key, err)
+	}
+	for _, d := range devices {
+		if d < 0 || d >= controlblock.MaxDevices {
+			return fmt.Errorf("add container %s: no device %d", key, d)
+		}
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.containers[key]; ok {
+		return fmt.Errorf("add container %s: already added", key)
+	}
+	c := &container{key: key, limits: limits, usage: usage, devices: append([]int(nil), devices...),
+		settings: st, eff: st, slotSeen: map[slotID]uint64{}}
+	s.containers[key] = c
+	s.readLedger(c)
+	limits.Heartbeat()
+	now := time.Now()
+	for _, d := range devices {
+		g := s.gpus[d]
+		if g == nil {
+			g = &gpu{dev: d, lastTick: now}
+			s.gpus[d] = g
+		}
+		g.members = append(g.members, newMember(c, d, now))
+	}
+	for _, d := range devices {
+		s.gpus[d].plan(now, s.cfg)
+		s.gpus[d].applyGates()
+	}
+	return nil
+}
+
+// RemoveContainer lifts the container's gates and forgets it.
+func (s *Scheduler) RemoveContainer(key string) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.containers[key]
+	if c == nil {
+		return fmt.Errorf("remove %s: %w", key, ErrUnknownContainer)
+	}
+	c.setGates(0)
+	delete(s.containers, key)
+	for _, d := range c.devices {
+		g := s.gpus[d]
+		for i, m := range g.members {
+			if m.c == c {
+				g.members = append(g.members[:i], g.members[i+1:]...)
+				break
+			}
+		}
+		if g.owner != nil && g.owner.c == c {
+			g.owner = nil
+		}
+	}
+	return nil
+}
+
+// SetContainer changes a container's weight, cap or priority; it applies at
+// the next tick.
+func (s *Scheduler) SetContainer(key string, st Settings) error {
+	if err := validate(st); err != nil {
+		return fmt.Errorf("set %s: %w", key, err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c := s.containers[key]
+	if c == nil {
+		return fmt.Errorf("set %s: %w", key, ErrUnknownContainer)
+	}
+	c.settings = st
+	s.readLedger(c)
+	return nil
+}
+
+// SetGPU changes a GPU's policy or max_inst; it applies at the next tick.
+func (s *Scheduler) SetGPU(dev int, gs GPUSettings) error {
+	if gs.PolicySet && !gs.Policy.Valid() {
+		return fmt.Errorf("set gpu %d: %v is not a policy", dev, gs.Policy)
+	}
+	if gs.MaxInst < 0 || gs.MaxInst > 1000 {
+		return fmt.Errorf("set gpu %d: max_inst %d: want 1-1000", dev, gs.MaxInst)
+	}
+	if dev < 0 || dev >= controlblock.MaxDevices {
+		return fmt.Errorf("set gpu %d: no such device", dev)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.gpus[dev]
+	if g == nil {
+		g = &gpu{dev: dev, lastTick: time.Now()}
+		s.gpus[dev] = g
+	}
+	g.settings = gs
+	g.plan(time.Now(), s.cfg)
+	g.applyGates()
+	return nil
+}
+
+// Start runs the loop in a goroutine.
+func (s *Scheduler) Start() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stop != nil {
+		return
+	}
+	s.stop, s.done = make(chan struct{}), make(chan struct{})
+	go s.loop(s.stop, s.done)
+}
+
+// Stop ends the loop and lifts every gate it set, so the workloads run on
+// ungated (an agent that dies instead relies on the grace period).
+func (s *Scheduler) Stop() {
+	s.mu.Lock()
+	stop, done := s.stop, s.done
+	s.stop = nil
+	s.mu.Unlock()
+	if stop == nil {
+		return
+	}
+	close(stop)
+	<-done
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, c := range s.containers {
+		c.setGates(0)
+	}
+	for _, g := range s.gpus {
+		g.owner = nil
+	}
+}
+
+// Status reports every container on every device, ordered by key and device.
+func (s *Scheduler) Status() []Status {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Status
+	for _, g := range s.gpus {
+		for _, m := range g.members {
+			out = append(out, Status{Key: m.c.key, Device: g.dev, Policy: g.eff, Gated: g.eff.Gated(), Busy: m.busy,
+				Weight: m.c.eff.Weight, CapPercent: m.c.eff.CapPercent, High: m.c.eff.High,
+				Target: m.target, Achieved: m.achieved, ThrottledSeconds: float64(m.c.throttledNow()) / 1e9,
+				Launches: m.lastIssued, CostNs: m.cost})
+		}
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Key != out[j].Key {
+			return out[i].Key < out[j].Key
+		}
+		return out[i].Device < out[j].Device
+	})
+	return out
+}
+
+// PidMapper maps a process to a container by the pids in the ledgers (the
+// container's view of pids: right where the agent shares the workloads' pid
+// namespace, as in tests and the demo).
+func (s *Scheduler) PidMapper() PidMapper {
+	return func(pid uint32) (string, bool) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		for _, c := range s.containers {
+			for _, p := range c.pids {
+				if p == pid {
+					return c.key, true
+				}
+			}
+		}
+		return "", false
+	}
+}
+
+func (s *Scheduler) loop(stop, done chan struct{}) {
+	defer close(done)
+	t := time.NewTicker(s.cfg.Tick)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		var busy map[int]map[string]uint64
+		now := time.Now()
+		if s.cfg.Source != nil && now.Sub(s.lastMeas) >= s.cfg.Measure {
+			busy, _ = s.cfg.Source.Busy() // on error, costs and shares keep their last values
+		}
+		s.tick(now, busy)
+	}
+}
+
+// tick runs one round for every GPU; busy is a new measurement or nil.
+func (s *Scheduler) tick(now time.Time, busy map[int]map[string]uint64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	full := now.Sub(s.lastLedger) >= s.cfg.Ledger
+	if full {
+		s.lastLedger = now
+	}
+	for _, c := range s.containers {
+		// A new ledger may not hold its claims yet: read it every tick until it does.
+		if full || (c.settings.FromClaims && !c.claimsSeen) {
+			s.readLedger(c)
+		}
+	}
+	if busy != nil {
+		dt := now.Sub(s.lastMeas)
+		first := s.lastMeas.IsZero()
+		s.lastMeas = now
+		if !first {
+			for _, g := range s.gpus {
+				g.measure(busy[g.dev], dt)
+			}
+		}
+	}
+	for _, g := range s.gpus {
+		g.tick(now, s.cfg)
+	}
+	if now.Sub(s.lastBeat) >= s.cfg.Heartbeat {
+		s.lastBeat = now
+		for _, c := range s.containers {
+			c.limits.Heartbeat()
+		}
+	}
+}
+
+// readLedger refreshes claims, per-device reservations, pids and throttled time.
+func (s *Scheduler) readLedger(c *container) {
+	snap, err := c.usage.Snapshot()
+	if err != nil {
+		c.eff = c.settings
+		if c.eff.FromClaims {
+			c.eff = Settings{Weight: 1}
+		}
+		return
+	}
+	c.eff = c.settings
+	c.claimsSeen = snap.ClaimWeight > 0
+	if c.settings.FromClaims {
+		c.eff = Settings{Weight: int(max(snap.ClaimWeight, 1)), CapPercent: int(snap.ClaimComputeLimit),
+			High: snap.ClaimPriority == controlblock.PriorityHigh}
+	}
+	c.reserved = snap.ReservedBytes
+	c.pids = c.pids[:0]
+	seen := map[slotID]uint64{}
+	for _, p := range snap.Procs {
+		id := slotID{p.Slot, p.Pid, p.StartTime}
+		if prev, ok := c.slotSeen[id]; ok && p.ThrottledNs >= prev {
+			c.throttled += p.ThrottledNs - prev
+		} else if !ok {
+			c.throttled += p.ThrottledNs
+		}
+		seen[id] = p.ThrottledNs
+		c.pids = append(c.pids, uint32(p.Pid))
+	}
+	c.slotSeen = seen
+}
+
+func (c *container) throttledNow() uint64 { return c.throttled }
+
+// setGates writes the gate_mask bits this scheduler manages; before a bit is
+// set, the device's grant is brought up to the tickets already taken, so
+// nothing that ran before waits for an old grant.
+func (c *container) setGates(mask uint32) {
+	if mask == c.gated {
+		return
+	}
+	for d := 0; d < controlblock.MaxDevices; d++ {
+		if bit := uint32(1) << d; mask&bit != 0 && c.gated&bit == 0 {
+			_ = c.limits.RaiseGrant(d, c.usage.Issued(d))
+		}
+	}
+	managed := c.gated | mask
+	c.limits.Update(func(cfg *controlblock.LimitsConfig) { cfg.GateMask = cfg.GateMask&^managed | mask })
+	c.gated = mask
+}
+
+// setGate opens (on) or lifts the gate of device dev.
+func (c *container) setGate(dev int, on bool) {
+	mask := c.gated &^ (1 << dev)
+	if on {
+		mask |= 1 << dev
+	}
+	c.setGates(mask)
+}

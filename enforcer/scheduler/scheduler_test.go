@@ -1,0 +1,233 @@
+package scheduler_test
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/gpuwarden/gpuwarden/enforcer/policy"
+	"github.com/gpuwarden/gpuwarden/enforcer/scheduler"
+	"github.com/gpuwarden/gpuwarden/enforcer/scheduler/simrun"
+	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
+)
+
+// simgpu's NVML binds one machine per process: every test shares it.
+var machineDir string
+
+func TestMain(m *testing.M) {
+	d, err := os.MkdirTemp("", "gpuwarden-sched-")
+	if err != nil {
+		panic(err)
+	}
+	machineDir = d
+	code := m.Run()
+	os.RemoveAll(d)
+	os.Exit(code)
+}
+
+func start(t *testing.T, gs scheduler.GPUSettings) *simrun.Run {
+	t.Helper()
+	bin := filepath.Dir(simtest.Bin(t, "libgpuwarden.so"))
+	simtest.Bin(t, "simgpu/workload")
+	r, err := simrun.Start(simrun.Machine{Bin: bin, Dir: machineDir, Devices: 1, Memory: "16Gi"}, scheduler.Config{}, gs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	return r
+}
+
+// busyWork is a workload that keeps the device busy for secs: 8 kernels of 2 ms a step.
+func busyWork(secs float64) []string {
+	return []string{"--seconds", strconv.FormatFloat(secs, 'f', -1, 64), "--kernels", "8", "--kernel-ns", "2000000"}
+}
+
+func spawn(t *testing.T, r *simrun.Run, cs ...simrun.Container) {
+	t.Helper()
+	for _, c := range cs {
+		if err := r.Spawn(c); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := r.Admit(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// shares measures each container's share of device 0 over a window, after a warm-up.
+func shares(t *testing.T, r *simrun.Run, warm, window time.Duration) map[string]float64 {
+	t.Helper()
+	time.Sleep(warm)
+	b0, t0 := r.Busy(), time.Now()
+	time.Sleep(window)
+	b1, t1 := r.Busy(), time.Now()
+	out := map[string]float64{}
+	for k, v := range b1 {
+		out[k] = float64(v-b0[k]) / float64(t1.Sub(t0))
+	}
+	t.Logf("shares: %v", out)
+	for _, st := range r.Sched.Status() {
+		t.Logf("%+v", st)
+	}
+	return out
+}
+
+func within(t *testing.T, what string, v, lo, hi float64) {
+	t.Helper()
+	if v < lo || v > hi {
+		t.Errorf("%s = %.3f, want %.2f-%.2f", what, v, lo, hi)
+	}
+}
+
+func claims(env ...string) simrun.Container {
+	return simrun.Container{Env: env, Settings: scheduler.Settings{FromClaims: true}}
+}
+
+func named(c simrun.Container, name string, args []string) simrun.Container {
+	c.Name, c.Args = name, args
+	return c
+}
+
+// TestWeighted: weights 1:2 from the containers' environment put the GPU
+// under weighted (no policy set) and split it 1:2.
+func TestWeighted(t *testing.T) {
+	r := start(t, scheduler.GPUSettings{})
+	spawn(t, r, named(claims("GPUWARDEN_COMPUTE_WEIGHT=1"), "a", busyWork(5)),
+		named(claims("GPUWARDEN_COMPUTE_WEIGHT=2"), "b", busyWork(5)))
+	s := shares(t, r, time.Second, 3*time.Second)
+	within(t, "b/a", s["b"]/s["a"], 1.5, 2.6)
+	within(t, "a+b", s["a"]+s["b"], 0.4, 1.01)
+	for _, st := range r.Sched.Status() {
+		if st.Policy != policy.Weighted {
+			t.Errorf("%s: policy %v, want weighted", st.Key, st.Policy)
+		}
+		want := map[string]float64{"a": 1. / 3, "b": 2. / 3}[st.Key]
+		within(t, st.Key+" target", st.Target, want-0.01, want+0.01)
+		within(t, st.Key+" achieved", st.Achieved, want*0.4, want*1.4)
+		if st.ThrottledSeconds <= 0 {
+			t.Errorf("%s: no throttled time", st.Key)
+		}
+	}
+}
+
+// TestWeightedIdlePartnerKeepsSlices: a container of weight 2 that holds a
+// context but launches nothing keeps its 2 slices.
+func TestWeightedIdlePartnerKeepsSlices(t *testing.T) {
+	r := start(t, scheduler.GPUSettings{Policy: policy.Weighted, PolicySet: true})
+	spawn(t, r, named(claims("GPUWARDEN_COMPUTE_WEIGHT=1"), "a", busyWork(4)),
+		named(claims("GPUWARDEN_COMPUTE_WEIGHT=2"), "b", []string{"--hold"}))
+	s := shares(t, r, time.Second, 2500*time.Millisecond)
+	within(t, "a", s["a"], 0.1, 0.45)
+}
+
+// TestFairShareIdlePartner: 1/max_inst, whether or not the others are busy.
+func TestFairShareIdlePartner(t *testing.T) {
+	r := start(t, scheduler.GPUSettings{Policy: policy.FairShare, PolicySet: true, MaxInst: 4})
+	spawn(t, r, named(claims(), "a", busyWork(4)), named(claims(), "b", []string{"--hold"}))
+	s := shares(t, r, time.Second, 2500*time.Millisecond)
+	within(t, "a", s["a"], 0.08, 0.33)
+}
+
+// TestPreemptiveIdlePartner: an idle container is skipped.
+func TestPreemptiveIdlePartner(t *testing.T) {
+	r := start(t, scheduler.GPUSettings{Policy: policy.Preemptive, PolicySet: true})
+	spawn(t, r, named(claims(), "a", busyWork(4)), named(claims(), "b", []string{"--hold"}))
+	s := shares(t, r, time.Second, 2500*time.Millisecond)
+	within(t, "a", s["a"], 0.6, 1.01)
+}
+
+// TestFixed: weight/max_inst each, 30% and 70%.
+func TestFixed(t *testing.T) {
+	r := start(t, scheduler.GPUSettings{Policy: policy.Fixed, PolicySet: true, MaxInst: 10})
+	spawn(t, r, named(claims("GPUWARDEN_COMPUTE_WEIGHT=3"), "a", busyWork(4)),
+		named(claims("GPUWARDEN_COMPUTE_WEIGHT=7"), "b", busyWork(4)))
+	s := shares(t, r, time.Second, 2500*time.Millisecond)
+	within(t, "a", s["a"], 0.1, 0.4)
+	within(t, "b", s["b"], 0.3, 0.8)
+	within(t, "b/a", s["b"]/s["a"], 1.5, 3.6)
+}
+
+// TestCap: a 30% cap holds a container that is alone on the device.
+func TestCap(t *testing.T) {
+	r := start(t, scheduler.GPUSettings{})
+	spawn(t, r, named(claims("GPUWARDEN_COMPUTE_LIMIT=30"), "a", busyWork(4)))
+	s := shares(t, r, time.Second, 2500*time.Millisecond)
+	within(t, "a", s["a"], 0.1, 0.38)
+}
+
+// TestSoftBorrows: under soft a busy container uses what a host-bound
+// partner leaves (under preemptive it would be held to half).
+func TestSoftBorrows(t *testing.T) {
+	r := start(t, scheduler.GPUSettings{Policy: policy.Soft, PolicySet: true})
+	spawn(t, r, named(claims(), "a", busyWork(4)),
+		named(claims(), "b", []string{"--seconds", "4", "--kernels", "1", "--kernel-ns", "20000", "--sync-every-launch"}))
+	s := shares(t, r, time.Second, 2500*time.Millisecond)
+	within(t, "a", s["a"], 0.55, 1.01)
+}
+
+// TestHighPriority: while a high-priority container is busy the other gets
+// only what it leaves.
+func TestHighPriority(t *testing.T) {
+	r := start(t, scheduler.GPUSettings{})
+	spawn(t, r, named(claims("GPUWARDEN_PRIORITY=high"), "a", busyWork(4)), named(claims(), "b", busyWork(4)))
+	s := shares(t, r, time.Second, 2500*time.Millisecond)
+	// Relative: on a loaded 2-core machine the loop itself may be starved.
+	within(t, "a", s["a"], 0.3, 1.01)
+	within(t, "b/(a+b)", s["b"]/(s["a"]+s["b"]), 0, 0.2)
+}
+
+// TestHotChange: a new weight takes effect while the workloads run.
+func TestHotChange(t *testing.T) {
+	r := start(t, scheduler.GPUSettings{Policy: policy.Weighted, PolicySet: true})
+	spawn(t, r, named(simrun.Container{Settings: scheduler.Settings{Weight: 1}}, "a", busyWork(6)),
+		named(simrun.Container{Settings: scheduler.Settings{Weight: 1}}, "b", busyWork(6)))
+	s := shares(t, r, 800*time.Millisecond, 1500*time.Millisecond)
+	within(t, "b/a at 1:1", s["b"]/s["a"], 0.7, 1.4)
+	if err := r.Sched.SetContainer("b", scheduler.Settings{Weight: 3}); err != nil {
+		t.Fatal(err)
+	}
+	s = shares(t, r, 500*time.Millisecond, 2500*time.Millisecond)
+	within(t, "b/a at 1:3", s["b"]/s["a"], 2.0, 5.5)
+	if err := r.Sched.SetContainer("nope", scheduler.Settings{Weight: 3}); err == nil {
+		t.Error("unknown container accepted")
+	}
+	if err := r.Sched.SetContainer("b", scheduler.Settings{Weight: 1001}); err == nil {
+		t.Error("weight 1001 accepted")
+	}
+}
+
+// TestNativeAndStop: native lifts the gate; Stop lifts every gate and the
+// workloads go on.
+func TestNativeAndStop(t *testing.T) {
+	r := start(t, scheduler.GPUSettings{})
+	spawn(t, r, named(claims(), "a", busyWork(4)), named(claims(), "b", busyWork(4)))
+	time.Sleep(300 * time.Millisecond)
+	if m := r.Limits("a").Config().GateMask; m != 1 {
+		t.Fatalf("gate mask %d under preemptive, want 1", m)
+	}
+	if err := r.Sched.SetGPU(0, scheduler.GPUSettings{Policy: policy.Native, PolicySet: true}); err != nil {
+		t.Fatal(err)
+	}
+	if m := r.Limits("a").Config().GateMask; m != 0 {
+		t.Fatalf("gate mask %d under native, want 0", m)
+	}
+	s := shares(t, r, 300*time.Millisecond, time.Second)
+	within(t, "a+b ungated", s["a"]+s["b"], 0.6, 1.01)
+	if err := r.Sched.SetGPU(0, scheduler.GPUSettings{Policy: policy.Preemptive, PolicySet: true}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if m := r.Limits("b").Config().GateMask; m != 1 {
+		t.Fatalf("gate mask %d back under preemptive, want 1", m)
+	}
+	r.Sched.Stop()
+	for _, n := range []string{"a", "b"} {
+		if m := r.Limits(n).Config().GateMask; m != 0 {
+			t.Errorf("%s: gate mask %d after Stop, want 0", n, m)
+		}
+	}
+	s = shares(t, r, 200*time.Millisecond, 800*time.Millisecond)
+	within(t, "a+b after Stop", s["a"]+s["b"], 0.6, 1.01)
+}
