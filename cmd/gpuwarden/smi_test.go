@@ -274,7 +274,8 @@ func TestSmiLiveAgent(t *testing.T) {
 	}
 	// eBPF sees the allocation byte for byte (1 GiB; the 64 MiB context
 	// reserve is the interposer's and NVML's figure, not an allocation).
-	wantRow := smiRow{gpu: "0", name: truncate(cg.Rel, colName), prio: "yes", util: "0% / -", mem: "1024MiB / 4096MiB", enf: "enforced"}
+	// Alone on its GPU, the enforcer holds it to the whole device.
+	wantRow := smiRow{gpu: "0", name: truncate(cg.Rel, colName), prio: "yes", util: "0% / 100%", mem: "1024MiB / 4096MiB", enf: "enforced"}
 	var out string
 	simtest.Eventually(t, 15*time.Second, func() error {
 		out = smi()

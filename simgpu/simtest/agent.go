@@ -21,6 +21,8 @@ type Agent struct {
 	Proc       *Proc
 	Addr       string // host:port
 	ControlDir string
+	TokenFile  string // the change API's token (enforcement.apiTokenFile)
+	StateFile  string // where ctl's changes are kept (enforcement.stateFile)
 	stderr     *os.File
 }
 
@@ -32,10 +34,14 @@ var servingRe = regexp.MustCompile(`msg=serving address=(\S+)`)
 // test ends.
 func StartAgent(t testing.TB, m *Machine, env ...string) *Agent {
 	t.Helper()
-	a := &Agent{ControlDir: filepath.Join(t.TempDir(), "control")}
+	dir := t.TempDir()
+	a := &Agent{ControlDir: filepath.Join(dir, "control"), TokenFile: filepath.Join(dir, "token"),
+		StateFile: filepath.Join(dir, "settings.json")}
 	cmd := m.Command(Bin(t, "gpuwarden"), "agent", "--listen", "127.0.0.1:0")
 	cmd.Env = append(cmd.Env,
 		"GPUWARDEN_CONTROL_DIR="+a.ControlDir,
+		"GPUWARDEN_ENFORCEMENT_API_TOKEN_FILE="+a.TokenFile,
+		"GPUWARDEN_ENFORCEMENT_STATE_FILE="+a.StateFile,
 		"GPUWARDEN_NVML_LIBRARY="+Bin(t, "simgpu/libnvidia-ml.so.1"),
 		"GPUWARDEN_EBPF_LIBRARIES="+Bin(t, "simgpu/libcuda.so.1"),
 		"GPUWARDEN_EBPF_LDCONFIG_SONAME=",
@@ -43,7 +49,17 @@ func StartAgent(t testing.TB, m *Machine, env ...string) *Agent {
 		"GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET=",
 		"GPUWARDEN_LOG_LEVEL=debug",
 	)
-	cmd.Env = append(cmd.Env, env...)
+	cmd.Env = append(cmd.Env, env...) // later entries win
+	for _, kv := range env {
+		switch k, v, _ := strings.Cut(kv, "="); k {
+		case "GPUWARDEN_CONTROL_DIR":
+			a.ControlDir = v
+		case "GPUWARDEN_ENFORCEMENT_API_TOKEN_FILE":
+			a.TokenFile = v
+		case "GPUWARDEN_ENFORCEMENT_STATE_FILE":
+			a.StateFile = v
+		}
+	}
 	logFile, err := os.Create(filepath.Join(t.TempDir(), "agent.log"))
 	if err != nil {
 		t.Fatal(err)
@@ -55,16 +71,7 @@ func StartAgent(t testing.TB, m *Machine, env ...string) *Agent {
 	}
 	a.Proc = &Proc{Cmd: cmd}
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-			t.Errorf("agent did not stop within 10s of SIGINT; log:\n%s", a.Log())
-		}
+		a.Stop(t)
 		if t.Failed() {
 			t.Logf("agent log:\n%s", a.Log())
 		}
@@ -82,6 +89,26 @@ func StartAgent(t testing.TB, m *Machine, env ...string) *Agent {
 	}
 	t.Fatalf("agent did not start serving; log:\n%s", a.Log())
 	return nil
+}
+
+// Stop stops the agent with SIGINT, as an operator would; it is done at
+// the end of the test too.
+func (a *Agent) Stop(t testing.TB) {
+	t.Helper()
+	cmd := a.Proc.Cmd
+	if cmd.ProcessState != nil {
+		return
+	}
+	_ = cmd.Process.Signal(os.Interrupt)
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Errorf("agent did not stop within 10s of SIGINT; log:\n%s", a.Log())
+	}
 }
 
 // Log returns what the agent logged so far.

@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gpuwarden/gpuwarden/bpf/observe"
@@ -31,6 +32,7 @@ type Agent struct {
 	log     *slog.Logger
 
 	parts    parts
+	enf      atomic.Pointer[enforcement]
 	nvml     *nvmldev.Reader
 	observer *observe.Observer
 	coll     *collector.Collector
@@ -48,8 +50,14 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 	node := nodeName(cfg)
 	log.Info("starting gpuwarden agent", "version", version, "node", node)
 
-	resolver := a.startCgroups()
-	src := collector.Sources{ControlDir: cfg.ControlDir, Cgroups: resolver, ProcRoot: cfg.Paths.Proc}
+	resolver, cgroupFS := a.startCgroups()
+	src := collector.Sources{ControlDir: cfg.ControlDir, Cgroups: resolver, ProcRoot: cfg.Paths.Proc,
+		Targets: func() map[collector.Key]float64 {
+			if e := a.enf.Load(); e != nil {
+				return e.targets()
+			}
+			return nil
+		}}
 	if cfg.NVML.Enabled {
 		a.startNVML()
 		if a.nvml != nil {
@@ -69,6 +77,9 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 	a.startProfiling(node)
 	if cfg.DevicePlugin.Enabled {
 		a.startDevicePlugin(ctx)
+	}
+	if cfg.Enforcement.Enabled && resolver != nil {
+		a.enf.Store(a.startEnforcement(resolver, cgroupFS))
 	}
 
 	if cfg.HTTP.Enabled {
@@ -91,18 +102,18 @@ func nodeName(cfg config.Config) string {
 	return h
 }
 
-func (a *Agent) startCgroups() *cgroups.Resolver {
+func (a *Agent) startCgroups() (*cgroups.Resolver, string) {
 	root := a.cfg.Paths.Cgroup
 	if root == "" {
 		var err error
 		if root, err = cgroups.Mount(filepath.Join(a.cfg.Paths.Proc, "self", "mountinfo")); err != nil {
 			a.parts.set("cgroups", true, err)
-			a.log.Error("cgroup v2 not found: containers will not be resolved", "err", err)
-			return nil
+			a.log.Error("cgroup v2 not found: containers will not be resolved or enforced", "err", err)
+			return nil, ""
 		}
 	}
 	a.parts.set("cgroups", true, nil)
-	return cgroups.NewResolver(root)
+	return cgroups.NewResolver(root), root
 }
 
 func (a *Agent) startNVML() {

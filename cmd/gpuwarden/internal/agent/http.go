@@ -24,6 +24,14 @@ func (a *Agent) mux() *http.ServeMux {
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	a.coll.RegisterAPI(mux)
+	if e := a.enf.Load(); e != nil {
+		tok, err := makeToken(a.cfg.Enforcement.APITokenFile)
+		if err != nil {
+			a.log.Error("the change API is off: no token", "err", err)
+		} else {
+			e.register(mux, tok)
+		}
+	}
 	return mux
 }
 

@@ -40,8 +40,10 @@ type Config struct {
 		Library string `mapstructure:"library"`
 	} `mapstructure:"nvml"`
 	Enforcement struct {
-		Enabled  bool   `mapstructure:"enabled"`
-		OnBypass string `mapstructure:"onBypass"`
+		Enabled      bool   `mapstructure:"enabled"`
+		OnBypass     string `mapstructure:"onBypass"`
+		APITokenFile string `mapstructure:"apiTokenFile"`
+		StateFile    string `mapstructure:"stateFile"`
 	} `mapstructure:"enforcement"`
 	Kubelet struct {
 		PodResourcesSocket string `mapstructure:"podResourcesSocket"`
@@ -92,6 +94,8 @@ var options = []option{
 	{"nvml.library", "", "", "path of libnvidia-ml.so.1; empty: the system's"},
 	{"enforcement.enabled", true, "", "run the enforcer: budgets, limits and bypass detection"},
 	{"enforcement.onBypass", "report", "", "what to do with a cgroup that uses a GPU without the interposer: report, or freeze it (cgroup.freeze)"},
+	{"enforcement.apiTokenFile", "/run/gpuwarden-agent/token", "", "the token `gpuwarden ctl` must present to change limits (made at start, mode 0600); changes are taken only from loopback"},
+	{"enforcement.stateFile", "/var/lib/gpuwarden/settings.json", "", "where changes made with `gpuwarden ctl` are kept, so they outlive an agent restart"},
 	{"kubelet.podResourcesSocket", "/var/lib/kubelet/pod-resources/kubelet.sock", "", "the kubelet's pod-resources socket, for pod and container labels; a missing socket means no Kubernetes labels"},
 	{"devicePlugin.enabled", false, "", "serve the kubelet device plugin: gpuwarden.io/gpu (slots) and gpuwarden.io/gpu-memory (GiB) on each GPU"},
 	{"devicePlugin.maxInst", 4, "", "slots (gpuwarden.io/gpu devices) per GPU, 1-128; a slot's memory quota is the GPU's memory / maxInst"},
@@ -258,6 +262,9 @@ func (c Config) Validate() error {
 	if c.EBPF.LaunchWindow < 0 || c.EBPF.LaunchPeriod <= 0 || c.EBPF.LaunchWindow > c.EBPF.LaunchPeriod {
 		errs = append(errs, fmt.Errorf("ebpf.launchWindow %v must be from 0 to ebpf.launchPeriod %v (positive)",
 			c.EBPF.LaunchWindow, c.EBPF.LaunchPeriod))
+	}
+	if c.Enforcement.Enabled && (c.Enforcement.APITokenFile == "" || c.Enforcement.StateFile == "") {
+		errs = append(errs, errors.New("enforcement.apiTokenFile and enforcement.stateFile must be set"))
 	}
 	if c.Enforcement.OnBypass != "report" && c.Enforcement.OnBypass != "freeze" {
 		errs = append(errs, fmt.Errorf("enforcement.onBypass %q: want report or freeze", c.Enforcement.OnBypass))

@@ -1,0 +1,280 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/gpuwarden/gpuwarden/collector"
+	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
+	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/policy"
+	"github.com/gpuwarden/gpuwarden/enforcer/scheduler"
+)
+
+// enforcement puts every container that runs the interposer under the
+// scheduler (creating its `limits`, so the interposer switches to the
+// agent's budgets), applies the changes `gpuwarden ctl` makes, and flags or
+// freezes cgroups that use a GPU without the interposer.
+type enforcement struct {
+	a        *Agent
+	s        *scheduler.Scheduler
+	resolver *cgroups.Resolver
+	cgroupFS string
+	settings *settingsStore
+
+	mu      sync.Mutex
+	members map[string]*member // by control-block directory
+	bypass  bypassWatch
+	stop    context.CancelFunc
+	done    chan struct{}
+}
+
+// member is one container under the scheduler.
+type member struct {
+	dir     string
+	cgroup  uint64
+	path    string
+	limits  *controlblock.LimitsFile
+	usage   *controlblock.UsageFile
+	devices []int
+}
+
+func (a *Agent) startEnforcement(resolver *cgroups.Resolver, cgroupFS string) *enforcement {
+	store, err := loadSettings(a.cfg.Enforcement.StateFile)
+	if err != nil {
+		a.parts.set("enforcer", true, err)
+		a.log.Error("enforcer not started: its saved settings cannot be read", "err", err)
+		return nil
+	}
+	e := &enforcement{a: a, resolver: resolver, cgroupFS: cgroupFS, settings: store,
+		members: map[string]*member{}, done: make(chan struct{})}
+	e.bypass.init()
+	var src scheduler.Source
+	if a.cfg.NVML.Enabled {
+		if r, err := nvmldev.Open(a.cfg.NVML.Library); err == nil {
+			src = scheduler.NewNVMLSource(r, e.keyOfPid)
+			a.closers = append(a.closers, r.Close)
+		} else {
+			a.log.Warn("enforcer without NVML: device time per launch is not measured", "err", err)
+		}
+	}
+	e.s = scheduler.New(scheduler.Config{Source: src})
+	for dev, g := range store.gpus() {
+		if err := e.s.SetGPU(dev, g); err != nil {
+			a.log.Warn("saved GPU settings refused", "gpu", dev, "err", err)
+		}
+	}
+	e.s.Start()
+	ctx, cancel := context.WithCancel(context.Background())
+	e.stop = cancel
+	go e.loop(ctx)
+	a.parts.set("enforcer", true, nil)
+	a.closers = append(a.closers, e.close)
+	return e
+}
+
+// keyOfPid names the container a host process belongs to, by its cgroup.
+func (e *enforcement) keyOfPid(pid uint32) (string, bool) {
+	path, err := cgroups.OfProcess(e.a.cfg.Paths.Proc, int(pid))
+	if err != nil {
+		return "", false
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, m := range e.members {
+		if m.path == path {
+			return m.dir, true
+		}
+	}
+	return "", false
+}
+
+func (e *enforcement) loop(ctx context.Context) {
+	defer close(e.done)
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		e.discover()
+		e.checkBypass(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// discover adds every container whose ledger is new and verified and
+// removes those that are gone.
+func (e *enforcement) discover() {
+	dirs, _ := os.ReadDir(e.a.cfg.ControlDir)
+	seen := map[string]bool{}
+	for _, d := range dirs {
+		if !d.IsDir() {
+			continue
+		}
+		seen[d.Name()] = true
+		if err := e.track(d.Name()); err != nil {
+			e.a.log.Debug("not enforcing", "dir", d.Name(), "err", err)
+		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for dir, m := range e.members {
+		if _, alive := e.resolver.Path(m.cgroup); !seen[dir] || !alive {
+			e.dropLocked(m)
+		}
+	}
+}
+
+func (e *enforcement) track(dir string) error {
+	cd := e.a.cfg.ControlDir
+	b, err := os.ReadFile(controlblock.UsagePath(cd, dir))
+	if err != nil {
+		return err
+	}
+	u, err := controlblock.ParseUsage(b)
+	if err != nil {
+		return err
+	}
+	path, ok := e.resolver.Path(u.CgroupID)
+	if !ok {
+		return fmt.Errorf("cgroup %d is gone", u.CgroupID)
+	}
+	// A ledger is the container's word: it is believed for the directory
+	// its cgroup path leads to, or for a directory the device plugin made
+	// (it wrote the limits there before the container started).
+	if controlblock.ContainerKey(path) != dir {
+		if _, err := os.Stat(controlblock.LimitsPath(cd, dir)); err != nil {
+			return fmt.Errorf("ledger names cgroup %s, which does not lead to %s", path, dir)
+		}
+	}
+	var devices []int
+	for d := 0; d < u.NDev; d++ {
+		if u.ReservedBytes[d] > 0 {
+			devices = append(devices, d)
+		}
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if m := e.members[dir]; m != nil {
+		if m.cgroup == u.CgroupID && sameInts(m.devices, devices) {
+			return nil
+		}
+		e.dropLocked(m) // another cgroup, or other devices: start again
+	}
+	if len(devices) == 0 {
+		return nil // no context yet: nothing to schedule
+	}
+	m, err := e.open(dir, u)
+	if err != nil {
+		return err
+	}
+	m.cgroup, m.path, m.devices = u.CgroupID, path, devices
+	if err := e.s.AddContainer(dir, m.limits, m.usage, devices, e.settings.container(dir)); err != nil {
+		m.close()
+		return err
+	}
+	e.members[dir] = m
+	e.a.log.Info("enforcing", "container", dir, "cgroup", path, "devices", devices)
+	return nil
+}
+
+// open maps a container's files, making `limits` from the quota its
+// environment claims when the agent has not made one yet.
+func (e *enforcement) open(dir string, u *controlblock.UsageSnapshot) (*member, error) {
+	cd := e.a.cfg.ControlDir
+	lp := controlblock.LimitsPath(cd, dir)
+	lf, err := controlblock.OpenLimits(lp)
+	if os.IsNotExist(unwrapAll(err)) {
+		cfg := controlblock.LimitsConfig{NDev: uint32(u.NDev)}
+		if u.ClaimMemorySet {
+			cfg.MemLimit = u.ClaimMemLimit
+		}
+		lf, err = controlblock.CreateLimits(lp, cfg)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if mem, ok := e.settings.memory(dir); ok {
+		lf.Update(func(c *controlblock.LimitsConfig) { c.MemLimit = mem })
+	}
+	uf, err := controlblock.OpenUsage(controlblock.UsagePath(cd, dir))
+	if err != nil {
+		lf.Close()
+		return nil, err
+	}
+	return &member{dir: dir, limits: lf, usage: uf}, nil
+}
+
+func unwrapAll(err error) error {
+	for {
+		u, ok := err.(interface{ Unwrap() error })
+		if !ok {
+			return err
+		}
+		err = u.Unwrap()
+	}
+}
+
+func (e *enforcement) dropLocked(m *member) {
+	_ = e.s.RemoveContainer(m.dir)
+	m.close()
+	delete(e.members, m.dir)
+	e.a.log.Info("no longer enforcing", "container", m.dir)
+}
+
+func (m *member) close() {
+	m.limits.Close()
+	m.usage.Close()
+}
+
+func sameInts(a, b []int) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// targets gives the collector each container's target share per device.
+func (e *enforcement) targets() map[collector.Key]float64 {
+	out := map[collector.Key]float64{}
+	e.mu.Lock()
+	byKey := make(map[string]uint64, len(e.members))
+	for k, m := range e.members {
+		byKey[k] = m.cgroup
+	}
+	e.mu.Unlock()
+	for _, st := range e.s.Status() {
+		if cg, ok := byKey[st.Key]; ok && st.Target > 0 && st.Policy != policy.Native {
+			out[collector.Key{Cgroup: cg, GPU: st.Device}] = st.Target
+		}
+	}
+	return out
+}
+
+func (e *enforcement) close() error {
+	e.stop()
+	<-e.done
+	e.s.Stop() // lifts every gate: workloads go on without the agent
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, m := range e.members {
+		m.close()
+	}
+	e.members = map[string]*member{}
+	return nil
+}
+
+// cgroupDir is a cgroup's directory in the cgroup2 filesystem.
+func (e *enforcement) cgroupDir(path string) string { return filepath.Join(e.cgroupFS, path) }

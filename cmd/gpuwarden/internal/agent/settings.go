@@ -1,0 +1,110 @@
+package agent
+
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+
+	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/policy"
+	"github.com/gpuwarden/gpuwarden/enforcer/scheduler"
+)
+
+// settingsStore keeps what `gpuwarden ctl` changed, in a file, so that the
+// changes outlive an agent restart.
+type settingsStore struct {
+	path string
+
+	mu         sync.Mutex
+	Containers map[string]savedContainer `json:"containers"` // by control-block directory
+	GPUs       map[string]savedGPU       `json:"gpus"`       // by device index
+}
+
+type savedContainer struct {
+	Compute *scheduler.Settings              `json:"compute,omitempty"`
+	Memory  *[controlblock.MaxDevices]uint64 `json:"memoryLimit,omitempty"`
+}
+
+type savedGPU struct {
+	Policy    policy.Policy `json:"policy"`
+	PolicySet bool          `json:"policySet"`
+	MaxInst   int           `json:"maxInst"`
+}
+
+func loadSettings(path string) (*settingsStore, error) {
+	s := &settingsStore{path: path, Containers: map[string]savedContainer{}, GPUs: map[string]savedGPU{}}
+	b, err := os.ReadFile(path)
+	if os.IsNotExist(err) {
+		return s, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("read settings: %w", err)
+	}
+	if err := json.Unmarshal(b, s); err != nil {
+		return nil, fmt.Errorf("settings %s: %w", path, err)
+	}
+	if s.Containers == nil {
+		s.Containers = map[string]savedContainer{}
+	}
+	if s.GPUs == nil {
+		s.GPUs = map[string]savedGPU{}
+	}
+	return s, nil
+}
+
+// container returns a container's compute settings: those ctl set, else
+// what its environment claims.
+func (s *settingsStore) container(dir string) scheduler.Settings {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c := s.Containers[dir].Compute; c != nil {
+		return *c
+	}
+	return scheduler.Settings{FromClaims: true}
+}
+
+func (s *settingsStore) memory(dir string) ([controlblock.MaxDevices]uint64, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if m := s.Containers[dir].Memory; m != nil {
+		return *m, true
+	}
+	return [controlblock.MaxDevices]uint64{}, false
+}
+
+func (s *settingsStore) gpus() map[int]scheduler.GPUSettings {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := map[int]scheduler.GPUSettings{}
+	for k, g := range s.GPUs {
+		if dev, err := strconv.Atoi(k); err == nil {
+			out[dev] = scheduler.GPUSettings{Policy: g.Policy, PolicySet: g.PolicySet, MaxInst: g.MaxInst}
+		}
+	}
+	return out
+}
+
+// update changes the store and writes it out (atomically, root only).
+func (s *settingsStore) update(change func(*settingsStore)) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	change(s)
+	b, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(filepath.Dir(s.path), 0o700); err != nil {
+		return fmt.Errorf("save settings: %w", err)
+	}
+	tmp := s.path + ".tmp"
+	if err := os.WriteFile(tmp, b, 0o600); err != nil {
+		return fmt.Errorf("save settings: %w", err)
+	}
+	if err := os.Rename(tmp, s.path); err != nil {
+		return fmt.Errorf("save settings: %w", err)
+	}
+	return nil
+}
