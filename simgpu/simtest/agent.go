@@ -218,4 +218,3 @@ func Eventually(t testing.TB, timeout time.Duration, f func() error) {
 	}
 	t.Fatalf("not within %v: %v", timeout, err)
 }
-
