@@ -11,8 +11,11 @@ import (
 
 	"github.com/gpuwarden/gpuwarden/collector"
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/collector/kubeapi"
+	"github.com/gpuwarden/gpuwarden/collector/kubeapi/kubeapitest"
 	"github.com/gpuwarden/gpuwarden/collector/kubelet/kubelettest"
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
+	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
@@ -168,7 +171,8 @@ func TestAgentRefusesBadConfig(t *testing.T) {
 
 // TestAgentLabelsPodsFromKubelet: a container set up as the device plugin
 // does (its allocation's control directory mounted at /run/gpuwarden/root,
-// in a cgroup namespace) is named by the test kubelet's pod-resources answer.
+// in a cgroup namespace) is named by the test kubelet's pod-resources answer,
+// and held to its pod's annotations read from a test API server.
 func TestAgentLabelsPodsFromKubelet(t *testing.T) {
 	simtest.RequirePrivileged(t, "cgroup and mount namespaces")
 	if _, err := exec.LookPath("unshare"); err != nil {
@@ -179,8 +183,13 @@ func TestAgentLabelsPodsFromKubelet(t *testing.T) {
 	kl.SetPods(kubelettest.Pod{Namespace: "ml", Name: "trainer-0", Containers: []kubelettest.Container{
 		{Name: "main", Devices: map[string][]string{"gpuwarden.io/gpu": ids}},
 	}})
+	api := kubeapitest.StartTestServer(t)
+	api.SetPods("node-k", kubeapi.Pod{Namespace: "ml", Name: "trainer-0",
+		Annotations: map[string]string{"gpuwarden.io/compute-limit.main": "40%"}})
 	m := simtest.NewMachine(t, 1, "16Gi")
-	agent := simtest.StartAgent(t, m, "GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET="+kl.Socket)
+	agent := simtest.StartAgent(t, m, "GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET="+kl.Socket, "GPUWARDEN_NODE_NAME=node-k",
+		"GPUWARDEN_KUBERNETES_API_SERVER="+api.URL, "GPUWARDEN_KUBERNETES_TOKEN_FILE="+api.TokenFile,
+		"GPUWARDEN_KUBERNETES_CA_FILE="+api.CAFile)
 
 	// The allocation's directory, seen from the container as <view>/root, as the plugin's mounts make it.
 	allocDir := filepath.Join(agent.ControlDir, allocation.DirName(ids))
@@ -188,6 +197,12 @@ func TestAgentLabelsPodsFromKubelet(t *testing.T) {
 	if err := os.MkdirAll(allocDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
+	lf, err := controlblock.CreateLimits(controlblock.LimitsPath(agent.ControlDir, allocation.DirName(ids)),
+		controlblock.LimitsConfig{NDev: 1, MemLimit: [controlblock.MaxDevices]uint64{2 * gib}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lf.Close()
 	if err := os.Symlink(allocDir, filepath.Join(view, allocation.ContainerKey)); err != nil {
 		t.Fatal(err)
 	}
@@ -199,9 +214,8 @@ func TestAgentLabelsPodsFromKubelet(t *testing.T) {
 	// A container's view: its own cgroup namespace, cgroupfs mounted from it.
 	cmd := cg.Place(m.Command("unshare", "--cgroup", "--mount", "--propagation", "private", "sh", "-c",
 		`umount -l "$0" && mount -t cgroup2 none "$0" && exec "$@"`, mnt,
-		simtest.Bin(t, "simgpu/workload"), "--alloc", "512Mi", "--hold"))
-	cmd.Env = append(cmd.Env, "LD_PRELOAD="+simtest.Bin(t, "libgpuwarden.so"), "GPUWARDEN_CONTROL_DIR="+view,
-		"GPUWARDEN_MEMORY_LIMIT=2Gi")
+		simtest.Bin(t, "simgpu/workload"), "--alloc", "512Mi", "--seconds", "60", "--kernel-ns", "1000000"))
+	cmd.Env = append(cmd.Env, "LD_PRELOAD="+simtest.Bin(t, "libgpuwarden.so"), "GPUWARDEN_CONTROL_DIR="+view)
 	w := simtest.Start(t, cmd)
 	w.WaitLine(t, "ready", 10*time.Second)
 
@@ -214,6 +228,10 @@ func TestAgentLabelsPodsFromKubelet(t *testing.T) {
 		}
 		if s, ok := simtest.Find(f, "gpuwarden_container_gpu_memory_limit_bytes", labels); !ok || s.Value != 2*gib {
 			return fmt.Errorf("limit of ml/trainer-0/main: %v, %v", s.Value, ok)
+		}
+		// The pod's annotation caps it at 40% (read from the API server).
+		if s, ok := simtest.Find(f, "gpuwarden_container_compute_limit_ratio", labels); !ok || s.Value != 0.4 {
+			return fmt.Errorf("compute limit of ml/trainer-0/main: %v, %v", s.Value, ok)
 		}
 		return nil
 	})

@@ -79,7 +79,7 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 		a.startDevicePlugin(ctx)
 	}
 	if cfg.Enforcement.Enabled && resolver != nil {
-		a.enf.Store(a.startEnforcement(resolver, cgroupFS))
+		a.enf.Store(a.startEnforcement(resolver, cgroupFS, node))
 	}
 
 	if cfg.HTTP.Enabled {

@@ -1,13 +1,14 @@
 package agent
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"sync"
 	"time"
+
+	"github.com/gpuwarden/gpuwarden/collector"
 )
 
 // Event is something the enforcer saw or did, for /api/v1/events.
@@ -56,8 +57,7 @@ func (b *bypassWatch) list() []Event {
 // checkBypass flags each cgroup the collector sees using a GPU without the
 // interposer: a log line and an event, and with onBypass: freeze, its
 // cgroup frozen (cgroup v2 cgroup.freeze) until `gpuwarden ctl unfreeze`.
-func (e *enforcement) checkBypass(ctx context.Context) {
-	v := e.a.coll.View(ctx)
+func (e *enforcement) checkBypass(v *collector.View) {
 	for _, c := range v.Containers {
 		if !c.Unenforced || c.CgroupPath == "" {
 			continue

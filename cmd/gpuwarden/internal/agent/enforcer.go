@@ -26,6 +26,7 @@ type enforcement struct {
 	resolver *cgroups.Resolver
 	cgroupFS string
 	settings *settingsStore
+	pods     *podAnnotations // nil off Kubernetes
 
 	mu      sync.Mutex
 	members map[string]*member // by control-block directory
@@ -42,16 +43,18 @@ type member struct {
 	limits  *controlblock.LimitsFile
 	usage   *controlblock.UsageFile
 	devices []int
+	// annotated is what the pod's annotations last set (zero: none yet).
+	annotated scheduler.Settings
 }
 
-func (a *Agent) startEnforcement(resolver *cgroups.Resolver, cgroupFS string) *enforcement {
+func (a *Agent) startEnforcement(resolver *cgroups.Resolver, cgroupFS, node string) *enforcement {
 	store, err := loadSettings(a.cfg.Enforcement.StateFile)
 	if err != nil {
 		a.parts.set("enforcer", true, err)
 		a.log.Error("enforcer not started: its saved settings cannot be read", "err", err)
 		return nil
 	}
-	e := &enforcement{a: a, resolver: resolver, cgroupFS: cgroupFS, settings: store,
+	e := &enforcement{a: a, resolver: resolver, cgroupFS: cgroupFS, settings: store, pods: a.startAnnotations(node),
 		members: map[string]*member{}, done: make(chan struct{})}
 	e.bypass.init()
 	var src scheduler.Source
@@ -100,7 +103,9 @@ func (e *enforcement) loop(ctx context.Context) {
 	defer t.Stop()
 	for {
 		e.discover()
-		e.checkBypass(ctx)
+		v := e.a.coll.View(ctx)
+		e.applyAnnotations(ctx, v)
+		e.checkBypass(v)
 		select {
 		case <-ctx.Done():
 			return

@@ -66,6 +66,12 @@ func (s *settingsStore) container(dir string) scheduler.Settings {
 	return scheduler.Settings{FromClaims: true}
 }
 
+func (s *settingsStore) hasCompute(dir string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.Containers[dir].Compute != nil
+}
+
 func (s *settingsStore) memory(dir string) ([controlblock.MaxDevices]uint64, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

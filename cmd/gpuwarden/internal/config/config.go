@@ -48,6 +48,11 @@ type Config struct {
 	Kubelet struct {
 		PodResourcesSocket string `mapstructure:"podResourcesSocket"`
 	} `mapstructure:"kubelet"`
+	Kubernetes struct {
+		APIServer string `mapstructure:"apiServer"`
+		TokenFile string `mapstructure:"tokenFile"`
+		CAFile    string `mapstructure:"caFile"`
+	} `mapstructure:"kubernetes"`
 	DevicePlugin struct {
 		Enabled        bool          `mapstructure:"enabled"`
 		MaxInst        int           `mapstructure:"maxInst"`
@@ -104,6 +109,9 @@ var options = []option{
 	{"devicePlugin.deviceRoot", "/dev", "", "where the GPU device nodes (nvidiaN, nvidiactl, nvidia-uvm, nvidia-uvm-tools) are; those that exist are passed to containers"},
 	{"devicePlugin.preload", "env", "", "how the interposer is preloaded: env (LD_PRELOAD) or ld.so.preload (a file mounted over /etc/ld.so.preload)"},
 	{"devicePlugin.healthInterval", 5 * time.Second, "", "how often the GPUs are read again through NVML; a GPU that is gone goes unhealthy"},
+	{"kubernetes.apiServer", "", "", "the API server the agent reads pod annotations from (gpuwarden.io/weight, compute-limit, priority); empty: the in-cluster address, none off Kubernetes"},
+	{"kubernetes.tokenFile", "/var/run/secrets/kubernetes.io/serviceaccount/token", "", "the service-account token for the API server"},
+	{"kubernetes.caFile", "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt", "", "the API server's CA certificate"},
 	{"paths.proc", "/proc", "", "the proc filesystem (the host's, under hostPID)"},
 	{"paths.cgroup", "", "", "the cgroup v2 mount; empty: found in /proc/self/mountinfo"},
 	{"profiling.pyroscopeServer", "", "", "Pyroscope server address for continuous profiling of the agent; empty: off"},
