@@ -48,12 +48,20 @@ func benchAgent(o benchOptions, stdout io.Writer) error {
 		return err
 	}
 
-	agent, addr, err := startBenchAgent(m, ctl)
+	if err := benchObservation(m, ctl, stdout); err != nil {
+		return err
+	}
+	return benchEnforcement(m, ctl, stdout)
+}
+
+// benchObservation: the agent with the enforcer off, as the observation
+// budget (100 ms a scrape, 100 MiB, 2% of a core) is stated.
+func benchObservation(m *simMachine, ctl string, stdout io.Writer) error {
+	agent, addr, err := startBenchAgent(m, ctl, false)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = agent.Process.Signal(syscall.SIGTERM); _ = agent.Wait() }()
-
 	// GPUWARDEN_BENCH_PROFILE=FILE saves a CPU profile of the agent while it is scraped.
 	profiled := make(chan error, 1)
 	if out := os.Getenv("GPUWARDEN_BENCH_PROFILE"); out != "" {
@@ -104,6 +112,28 @@ func benchAgent(o benchOptions, stdout io.Writer) error {
 	fmt.Fprintf(stdout, "BENCH agent_cpu_per_scrape_ms_1000 %.1f ms\n", float64(scrapeCPU.Microseconds())/1000)
 	fmt.Fprintf(stdout, "BENCH agent_cpu_core_percent_1000_at_15s %.2f percent\n",
 		(idleCPU.Seconds()/5+scrapeCPU.Seconds()/15)*100)
+	return nil
+}
+
+// benchEnforcement: the same containers with the enforcer on, every one of
+// them scheduled on the one GPU.
+func benchEnforcement(m *simMachine, ctl string, stdout io.Writer) error {
+	agent, _, err := startBenchAgent(m, ctl, true)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = agent.Process.Signal(syscall.SIGTERM); _ = agent.Wait() }()
+	time.Sleep(5 * time.Second) // every container taken on
+	cpu, err := cpuOver(agent.Process.Pid, 5*time.Second, nil)
+	if err != nil {
+		return err
+	}
+	rss, err := rssMiB(agent.Process.Pid)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "BENCH agent_enforcing_cpu_core_percent_1000 %.2f percent\n", cpu.Seconds()/5*100)
+	fmt.Fprintf(stdout, "BENCH agent_enforcing_rss_mib_1000 %.1f MiB\n", rss)
 	return nil
 }
 
@@ -176,12 +206,15 @@ func fillLedgers(m *simMachine, ctl, parent string, rels []string) error {
 
 var benchServingRe = regexp.MustCompile(`msg=serving address=(\S+)`)
 
-func startBenchAgent(m *simMachine, ctl string) (*exec.Cmd, string, error) {
+func startBenchAgent(m *simMachine, ctl string, enforce bool) (*exec.Cmd, string, error) {
 	cmd := exec.Command(filepath.Join(m.bin, "gpuwarden"), "agent", "--listen", "127.0.0.1:0")
 	cmd.Env = append(m.env(), "GPUWARDEN_CONTROL_DIR="+ctl,
 		"GPUWARDEN_NVML_LIBRARY="+filepath.Join(m.bin, "simgpu", "libnvidia-ml.so.1"),
 		"GPUWARDEN_EBPF_LIBRARIES="+filepath.Join(m.bin, "simgpu", "libcuda.so.1"),
-		"GPUWARDEN_EBPF_LDCONFIG_SONAME=", "GPUWARDEN_EBPF_PIN_DIR=", "GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET=")
+		"GPUWARDEN_EBPF_LDCONFIG_SONAME=", "GPUWARDEN_EBPF_PIN_DIR=", "GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET=",
+		"GPUWARDEN_ENFORCEMENT_API_TOKEN_FILE="+filepath.Join(m.dir, "token"), "GPUWARDEN_ENFORCEMENT_STATE_FILE="+filepath.Join(m.dir, "settings.json"),
+		fmt.Sprintf("GPUWARDEN_ENFORCEMENT_ENABLED=%v", enforce),
+	)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		return nil, "", err

@@ -95,7 +95,9 @@ func demo(listen string, every time.Duration, stop <-chan os.Signal, deadline <-
 		return err
 	}
 	defer stopProcess(agent)
-	fmt.Fprintf(out, "agent: http://%s (metrics: http://%s/metrics, API: http://%s/api/v1/containers)\n\n", addr, addr, addr)
+	fmt.Fprintf(out, "agent: http://%s (metrics: http://%s/metrics, API: http://%s/api/v1/containers)\n", addr, addr, addr)
+	fmt.Fprintf(out, "try: bin/gpuwarden smi --agent %s; bin/gpuwarden ctl --agent %s --token-file %s set /gpuwarden-demo-%d/demo-a --weight 3\n\n",
+		addr, addr, filepath.Join(m.dir, "token"), os.Getpid())
 
 	containers := demoContainers()
 	defer func() {
@@ -142,6 +144,8 @@ func startDemoAgent(m *simMachine, ctl, listen string, root bool) (*exec.Cmd, st
 		"GPUWARDEN_NVML_LIBRARY="+filepath.Join(m.bin, "simgpu", "libnvidia-ml.so.1"),
 		"GPUWARDEN_EBPF_LIBRARIES="+filepath.Join(m.bin, "simgpu", "libcuda.so.1"),
 		"GPUWARDEN_EBPF_LDCONFIG_SONAME=", "GPUWARDEN_EBPF_PIN_DIR=", "GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET=",
+		"GPUWARDEN_ENFORCEMENT_API_TOKEN_FILE="+filepath.Join(m.dir, "token"),
+		"GPUWARDEN_ENFORCEMENT_STATE_FILE="+filepath.Join(m.dir, "settings.json"),
 		fmt.Sprintf("GPUWARDEN_EBPF_ENABLED=%v", root))
 	logf, err := os.Create(filepath.Join(m.dir, "agent.log"))
 	if err != nil {

@@ -66,7 +66,8 @@ func (a *Agent) startEnforcement(resolver *cgroups.Resolver, cgroupFS, node stri
 			a.log.Warn("enforcer without NVML: device time per launch is not measured", "err", err)
 		}
 	}
-	e.s = scheduler.New(scheduler.Config{Source: src})
+	// Claims and throttled time change slowly: their ledgers are read every 2 s.
+	e.s = scheduler.New(scheduler.Config{Source: src, Ledger: 2 * time.Second})
 	for dev, g := range store.gpus() {
 		if err := e.s.SetGPU(dev, g); err != nil {
 			a.log.Warn("saved GPU settings refused", "gpu", dev, "err", err)
@@ -101,11 +102,15 @@ func (e *enforcement) loop(ctx context.Context) {
 	defer close(e.done)
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
-	for {
+	// New containers are taken on every round; bypasses and annotations,
+	// which need the whole view (a scrape's work), every 4th.
+	for round := 0; ; round++ {
 		e.discover()
-		v := e.a.coll.View(ctx)
-		e.applyAnnotations(ctx, v)
-		e.checkBypass(v)
+		if round%4 == 0 {
+			v := e.a.coll.View(ctx)
+			e.applyAnnotations(ctx, v)
+			e.checkBypass(v)
+		}
 		select {
 		case <-ctx.Done():
 			return
@@ -138,6 +143,9 @@ func (e *enforcement) discover() {
 }
 
 func (e *enforcement) track(dir string) error {
+	if e.unchanged(dir) {
+		return nil
+	}
 	cd := e.a.cfg.ControlDir
 	b, err := os.ReadFile(controlblock.UsagePath(cd, dir))
 	if err != nil {
@@ -188,6 +196,28 @@ func (e *enforcement) track(dir string) error {
 	e.members[dir] = m
 	e.a.log.Info("enforcing", "container", dir, "cgroup", path, "devices", devices)
 	return nil
+}
+
+// unchanged says whether a container under the scheduler still uses the
+// same devices, read from its mapped ledger: re-reading every ledger twice
+// a second would cost more than the scheduling itself.
+func (e *enforcement) unchanged(dir string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	m := e.members[dir]
+	if m == nil {
+		return false
+	}
+	n := 0
+	for d := 0; d < controlblock.MaxDevices; d++ {
+		if m.usage.Reserved(d) > 0 {
+			if n >= len(m.devices) || m.devices[n] != d {
+				return false
+			}
+			n++
+		}
+	}
+	return n == len(m.devices)
 }
 
 // open maps a container's files, making `limits` from the quota its
