@@ -63,7 +63,7 @@ generate: deps-generate ## Regenerate generated code (eBPF objects, bindings)
 .PHONY: test
 test: deps-test build ## Run every Go and C test (privileged tests need root)
 	$(GO) vet ./...
-	$(GO) test -count=1 -timeout 15m ./...
+	$(GO) test -count=1 -p 1 -timeout 20m ./...  # one package at a time: timing tests need the CPUs they measure
 	$(if $(TEST_EXTRA),$(MAKE) --no-print-directory $(TEST_EXTRA))
 
 .PHONY: bench
