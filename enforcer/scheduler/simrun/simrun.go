@@ -245,6 +245,18 @@ func (r *Run) Busy() map[string]uint64 {
 	return b[0]
 }
 
+// Launches returns the gate tickets a container has taken on device 0:
+// one per launch, so the ratio of two containers' launches over a window
+// is the ratio of their rates.
+func (r *Run) Launches(name string) uint64 {
+	u, err := controlblock.OpenUsage(controlblock.UsagePath(r.ctl(name), r.key))
+	if err != nil {
+		return 0
+	}
+	defer u.Close()
+	return u.Issued(0)
+}
+
 // Close stops the scheduler, kills what still runs and closes the files.
 func (r *Run) Close() {
 	r.Sched.Stop()
