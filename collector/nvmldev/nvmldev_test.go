@@ -1,7 +1,6 @@
 package nvmldev_test
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -15,21 +14,7 @@ import (
 var machine *simtest.Machine
 
 // simgpu's NVML reads SIMGPU_STATE once per process: one machine per test binary.
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "nvmldev-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	machine = &simtest.Machine{State: filepath.Join(dir, "simgpu.state"), Devices: 2, Memory: "8Gi"}
-	for _, kv := range machine.Env() {
-		k, v, _ := strings.Cut(kv, "=")
-		os.Setenv(k, v)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(simtest.RunWithProcessMachine(m, &machine, 2, "8Gi")) }
 
 func TestDevicesAndProcesses(t *testing.T) {
 	r, err := nvmldev.Open(simtest.Bin(t, "simgpu/libnvidia-ml.so.1"))

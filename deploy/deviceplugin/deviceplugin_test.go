@@ -439,21 +439,7 @@ func TestBadConfig(t *testing.T) {
 // simgpu's NVML reads SIMGPU_STATE once per process: one machine per test binary.
 var machine *simtest.Machine
 
-func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "deviceplugin-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	machine = &simtest.Machine{State: filepath.Join(dir, "simgpu.state"), Devices: 3, Memory: "6Gi"}
-	for _, kv := range machine.Env() {
-		k, v, _ := strings.Cut(kv, "=")
-		os.Setenv(k, v)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(simtest.RunWithProcessMachine(m, &machine, 3, "6Gi")) }
 
 // The devices come from NVML (simgpu's, through go-nvml), as in the agent.
 func TestDevicesFromNVML(t *testing.T) {

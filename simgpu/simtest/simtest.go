@@ -192,3 +192,24 @@ func RequirePrivileged(t testing.TB, why string) {
 	}
 	t.Skipf("needs root for %s", why)
 }
+
+// RunWithProcessMachine runs a test binary's tests (m.Run) with one simulated
+// machine set in the process's own environment: simgpu's libraries read
+// SIMGPU_STATE once per process, so a test binary that loads NVML itself
+// (go-nvml) can watch only one machine. Use it from TestMain:
+//
+//	func TestMain(m *testing.M) { os.Exit(simtest.RunWithProcessMachine(m, &machine, 2, "8Gi")) }
+func RunWithProcessMachine(m *testing.M, machine **Machine, devices int, memory string) int {
+	dir, err := os.MkdirTemp("", "simgpu-machine-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	defer os.RemoveAll(dir)
+	*machine = &Machine{State: filepath.Join(dir, "simgpu.state"), Devices: devices, Memory: memory}
+	for _, kv := range (*machine).Env() {
+		k, v, _ := strings.Cut(kv, "=")
+		os.Setenv(k, v)
+	}
+	return m.Run()
+}
