@@ -99,6 +99,21 @@ func benchProbes(o benchOptions, stdout io.Writer) error {
 			}
 		}
 	}
+	// The same on the launching thread's CPU time per step, which other
+	// work on the machine hardly moves: each run spans one launch period
+	// (so one window), observed and unobserved runs alternate.
+	var cpuOn, cpuOff []float64
+	for i := 0; i < 3; i++ {
+		v, err := workloadFigureEnv(m, "", "launch_thread_cpu_us_per_step", args...)
+		if err != nil {
+			return fmt.Errorf("launch cpu: %w", err)
+		}
+		cpuOn = append(cpuOn, v)
+		if v, err = workloadFigureEnv(m, copies["calib"], "launch_thread_cpu_us_per_step", args...); err != nil {
+			return fmt.Errorf("launch cpu: %w", err)
+		}
+		cpuOff = append(cpuOff, v)
+	}
 	s, err := obs.Snapshot()
 	if err != nil {
 		return err
@@ -110,6 +125,12 @@ func benchProbes(o benchOptions, stdout io.Writer) error {
 	// was measured against.
 	fmt.Fprintf(stdout, "BENCH probes_calibration_spread_ratio %.4f ratio\n", slices.Max(calib)-slices.Min(calib))
 	fmt.Fprintf(stdout, "BENCH probes_launch_throughput_ratio %.4f ratio\n", trimmedMean(on)/trimmedMean(calib))
+	// A launch-bound loop runs at the pace of its launching thread: the
+	// ratio of that thread's CPU per step is the throughput ratio with the
+	// machine's noise left out.
+	fmt.Fprintf(stdout, "BENCH probes_launch_cpu_per_step_on_us %.3f us\n", median(cpuOn))
+	fmt.Fprintf(stdout, "BENCH probes_launch_cpu_per_step_off_us %.3f us\n", median(cpuOff))
+	fmt.Fprintf(stdout, "BENCH probes_launch_cpu_throughput_ratio %.4f ratio\n", median(cpuOff)/median(cpuOn))
 	return nil
 }
 

@@ -10,11 +10,13 @@
  * --try-alloc asks for SIZE more after --alloc and goes on whether or not it
  * gets it, printing "try-alloc <result>": an over-quota attempt.
  */
+#define _GNU_SOURCE /* RUSAGE_THREAD */
 #include <dlfcn.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -89,6 +91,14 @@ static volatile sig_atomic_t stopping;
 static void on_stop(int sig) {
     (void)sig;
     stopping = 1;
+}
+
+/* CPU time of the calling thread, in seconds: the launch path's own cost,
+ * steadier than wall time on a shared machine. */
+static double thread_cpu_s(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_THREAD, &ru);
+    return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
 }
 
 static double now_s(void) {
@@ -200,7 +210,7 @@ int main(int argc, char **argv) {
         CHECK(cu.cuStreamEndCapture(stream, &g));
         CHECK(cu.cuGraphInstantiateWithFlags(&exec, g, 0));
     }
-    double start = now_s(), end = start;
+    double start = now_s(), end = start, cpu0 = thread_cpu_s();
     long done = 0;
     struct sigaction sa = {.sa_handler = on_stop};
     sigaction(SIGINT, &sa, NULL);
@@ -219,6 +229,7 @@ int main(int argc, char **argv) {
         end = now_s();
     }
     double elapsed = end - start;
+    printf("BENCH %s_launch_thread_cpu_us_per_step %.3f us\n", label, (thread_cpu_s() - cpu0) * 1e6 / (double)(done ? done : 1));
     printf("BENCH %s_steps_per_sec %.2f steps/s\n", label, (double)done / elapsed);
     printf("BENCH %s_images_per_sec %.2f images/s\n", label, (double)done * (double)batch / elapsed);
     printf("BENCH %s_device_busy_ratio %.3f ratio\n", label,
