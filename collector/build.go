@@ -171,6 +171,7 @@ func (j *joiner) addNVML(devs []nvmldev.Device) {
 			if err != nil || j.c.src.Cgroups == nil {
 				continue // gone, or in a pid namespace we cannot see
 			}
+			path = cgroups.HostPath(j.c.src.CgroupNSRoot, path)
 			cg, err := j.c.src.Cgroups.ID(path)
 			if err != nil {
 				continue

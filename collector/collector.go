@@ -23,6 +23,9 @@ type Sources struct {
 	Labels   func(ctx context.Context) (LabelFunc, error)
 	Cgroups  *cgroups.Resolver
 	ProcRoot string
+	// CgroupNSRoot is the host path of the agent's cgroup namespace root,
+	// which processes' cgroup paths are relative to ("" or "/": none).
+	CgroupNSRoot string
 	// Targets gives the enforcer's target share (0-1) per cgroup and device.
 	Targets func() map[Key]float64
 }

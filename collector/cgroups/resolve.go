@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"path"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -142,4 +143,31 @@ func (r *Resolver) rootID() uint64 {
 		return 0
 	}
 	return st.Ino
+}
+
+// HostPath turns a process's cgroup path, as /proc/<pid>/cgroup shows it to
+// a reader in its own cgroup namespace (relative to that namespace's root,
+// "/../x" for what lies outside it), into the path in the host's tree, given
+// the host path of the reader's namespace root ("/" outside any namespace).
+func HostPath(nsRoot, p string) string {
+	return path.Join("/", nsRoot, p)
+}
+
+// NamespaceRoot finds the host path of the caller's cgroup namespace root:
+// the cgroup2 mount of the caller's own view (its namespace's root) looked
+// up in r, the resolver of the host's tree. Outside a namespace it is "/".
+func NamespaceRoot(r *Resolver, ownMountinfo string) (string, error) {
+	own, err := Mount(ownMountinfo)
+	if err != nil {
+		return "", err
+	}
+	var st syscall.Stat_t
+	if err := syscall.Stat(own, &st); err != nil {
+		return "", fmt.Errorf("stat %s: %w", own, err)
+	}
+	p, ok := r.Path(st.Ino)
+	if !ok {
+		return "", fmt.Errorf("the cgroup at %s is not in the host tree %s", own, r.root)
+	}
+	return p, nil
 }

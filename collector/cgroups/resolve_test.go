@@ -65,3 +65,28 @@ func TestMountErrors(t *testing.T) {
 		t.Error("a missing mountinfo gave no error")
 	}
 }
+
+func TestHostPath(t *testing.T) {
+	for _, tc := range []struct{ root, p, want string }{
+		{"/", "/kubepods/pod1/c1", "/kubepods/pod1/c1"},
+		{"/kubepods/podA/agent", "/", "/kubepods/podA/agent"},
+		{"/kubepods/podA/agent", "/../../podB/c2", "/kubepods/podB/c2"},
+		{"/kubepods/podA/agent", "/../../../system.slice/x.service", "/system.slice/x.service"},
+	} {
+		if got := cgroups.HostPath(tc.root, tc.p); got != tc.want {
+			t.Errorf("HostPath(%q, %q) = %q, want %q", tc.root, tc.p, got, tc.want)
+		}
+	}
+}
+
+// Outside a cgroup namespace the caller's own mount is the host tree's root.
+func TestNamespaceRootOutsideNamespace(t *testing.T) {
+	mnt, err := cgroups.Mount("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	root, err := cgroups.NamespaceRoot(cgroups.NewResolver(mnt), "/proc/self/mountinfo")
+	if err != nil || root != "/" {
+		t.Errorf("NamespaceRoot = %q, %v; want /", root, err)
+	}
+}

@@ -32,6 +32,7 @@ type Agent struct {
 	log     *slog.Logger
 
 	parts    parts
+	nsRoot   string // host path of the agent's cgroup namespace root
 	enf      atomic.Pointer[enforcement]
 	nvml     *nvmldev.Reader
 	observer *observe.Observer
@@ -51,7 +52,8 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 	log.Info("starting gpuwarden agent", "version", version, "node", node)
 
 	resolver, cgroupFS := a.startCgroups()
-	src := collector.Sources{ControlDir: cfg.ControlDir, Cgroups: resolver, ProcRoot: cfg.Paths.Proc,
+	a.nsRoot = a.cgroupNamespaceRoot(resolver)
+	src := collector.Sources{ControlDir: cfg.ControlDir, Cgroups: resolver, ProcRoot: cfg.Paths.Proc, CgroupNSRoot: a.nsRoot,
 		Targets: func() map[collector.Key]float64 {
 			if e := a.enf.Load(); e != nil {
 				return e.targets()
@@ -114,6 +116,24 @@ func (a *Agent) startCgroups() (*cgroups.Resolver, string) {
 	}
 	a.parts.set("cgroups", true, nil)
 	return cgroups.NewResolver(root), root
+}
+
+// cgroupNamespaceRoot: an agent in a pod has a cgroup namespace of its own,
+// and reads other processes' cgroup paths relative to it; with the host's
+// tree mounted (paths.cgroup) it finds where its namespace's root is there.
+func (a *Agent) cgroupNamespaceRoot(r *cgroups.Resolver) string {
+	if r == nil || a.cfg.Paths.Cgroup == "" {
+		return "/"
+	}
+	root, err := cgroups.NamespaceRoot(r, "/proc/self/mountinfo")
+	if err != nil {
+		a.log.Warn("cannot place the agent's cgroup namespace in the host's tree; process cgroup paths are taken as they read", "err", err)
+		return "/"
+	}
+	if root != "/" {
+		a.log.Info("agent runs in a cgroup namespace", "root", root)
+	}
+	return root
 }
 
 func (a *Agent) startNVML() {

@@ -88,6 +88,7 @@ func (e *enforcement) keyOfPid(pid uint32) (string, bool) {
 	if err != nil {
 		return "", false
 	}
+	path = cgroups.HostPath(e.a.nsRoot, path)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, m := range e.members {
