@@ -47,7 +47,7 @@ func DefaultConfig() Config {
 		ProcRoot:          "/proc",
 		ScanInterval:      500 * time.Millisecond,
 		LaunchWindow:      50 * time.Millisecond,
-		LaunchPeriod:      5 * time.Second,
+		LaunchPeriod:      30 * time.Second, // attaching and detaching costs the observed processes too
 		GCInterval:        10 * time.Second,
 		FailedAllocBuffer: 1024,
 	}

@@ -1,6 +1,7 @@
 package observe
 
 import (
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -38,8 +39,8 @@ func TestValidate(t *testing.T) {
 
 func TestDutyCycle(t *testing.T) {
 	c := DefaultConfig()
-	if got := c.DutyCycle(); got != 0.01 {
-		t.Errorf("default duty cycle = %v, want 0.01 (50ms every 5s)", got)
+	if got, want := c.DutyCycle(), 0.05/30; math.Abs(got-want) > 1e-12 {
+		t.Errorf("default duty cycle = %v, want %v (50ms every 30s)", got, want)
 	}
 	c.LaunchWindow = 0
 	if got := c.DutyCycle(); got != 0 {

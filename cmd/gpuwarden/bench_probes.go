@@ -79,7 +79,7 @@ func benchProbes(o benchOptions, stdout io.Writer) error {
 		"--kernels", "8", "--kernel-ns", "1000", "--batch", "32"}
 	var on, calib []float64 // observed/reference, calibration ratios
 	var onSteps, offSteps float64
-	const pairs = 7
+	const pairs = 3 // each run is a launch period (30 s by default) long
 	for i := 0; i < pairs; i++ {
 		for _, probed := range []bool{true, false} {
 			mainPreload := ""
@@ -103,7 +103,7 @@ func benchProbes(o benchOptions, stdout io.Writer) error {
 	// work on the machine hardly moves: each run spans one launch period
 	// (so one window), observed and unobserved runs alternate.
 	var cpuOn, cpuOff []float64
-	for i := 0; i < 3; i++ {
+	for i := 0; i < 2; i++ {
 		v, err := workloadFigureEnv(m, "", "launch_thread_cpu_us_per_step", args...)
 		if err != nil {
 			return fmt.Errorf("launch cpu: %w", err)

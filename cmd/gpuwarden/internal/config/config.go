@@ -94,7 +94,7 @@ var options = []option{
 	{"ebpf.ldconfigSoname", "libcuda.so.1", "", "the driver library looked up with `ldconfig -p` and attached at start; empty skips it"},
 	{"ebpf.scanInterval", 500 * time.Millisecond, "", "how often /proc/*/maps is scanned for other copies of libcuda; 0 turns scanning off"},
 	{"ebpf.launchWindow", 50 * time.Millisecond, "", "how long launch probes stay attached each launch period (a probe hit costs microseconds)"},
-	{"ebpf.launchPeriod", 5 * time.Second, "", "the period of the launch probes' window"},
+	{"ebpf.launchPeriod", 30 * time.Second, "", "the period of the launch probes' window (each attach and detach costs the observed processes about as much as the window itself)"},
 	{"nvml.enabled", true, "", "read devices, per-process memory and utilization through NVML"},
 	{"nvml.library", "", "", "path of libnvidia-ml.so.1; empty: the system's"},
 	{"enforcement.enabled", true, "", "run the enforcer: budgets, limits and bypass detection"},
