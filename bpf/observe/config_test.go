@@ -17,7 +17,7 @@ func TestValidate(t *testing.T) {
 		{"no pinning", func(c *Config) { c.PinDir = "" }, ""},
 		{"launch probes off", func(c *Config) { c.LaunchWindow, c.LaunchPeriod = 0, 0 }, ""},
 		{"always attached", func(c *Config) { c.LaunchWindow = c.LaunchPeriod }, ""},
-		{"window past period", func(c *Config) { c.LaunchWindow = 6 * time.Second }, "longer than its period"},
+		{"window past period", func(c *Config) { c.LaunchWindow = c.LaunchPeriod + time.Second }, "longer than its period"},
 		{"no period", func(c *Config) { c.LaunchPeriod = 0 }, "period 0s must be positive"},
 		{"negative scan", func(c *Config) { c.ScanInterval = -time.Second }, "scan interval -1s is negative"},
 		{"no proc", func(c *Config) { c.ProcRoot = "" }, "proc root is empty"},

@@ -33,7 +33,7 @@ func TestDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.HTTP.Listen != ":9477" || c.ControlDir != "/run/gpuwarden" || !c.EBPF.Enabled || !c.Enforcement.Enabled ||
-		c.EBPF.LaunchPeriod != 5*time.Second || c.Enforcement.OnBypass != "report" {
+		c.EBPF.LaunchPeriod != 30*time.Second || c.Enforcement.OnBypass != "report" {
 		t.Errorf("defaults = %+v", c)
 	}
 	if dp := c.DevicePlugin; dp.Enabled || dp.MaxInst != 4 || dp.KubeletDir != "/var/lib/kubelet/device-plugins" ||
@@ -77,7 +77,7 @@ func TestRefusesBadConfig(t *testing.T) {
 		{"unknown key", "ebpf:\n  pinDirr: /x\n", nil, "unknown keys: ebpf.pindirr"},
 		{"unknown section", "metrics:\n  port: 1\n", nil, "unknown keys: metrics"},
 		{"bad duration", "ebpf:\n  launchWindow: soon\n", nil, "launchWindow"},
-		{"window over period", "ebpf:\n  launchWindow: 10s\n", nil, "ebpf.launchWindow"},
+		{"window over period", "ebpf:\n  launchWindow: 1m\n", nil, "ebpf.launchWindow"},
 		{"bad bypass action", "enforcement:\n  onBypass: kill\n", nil, `enforcement.onBypass "kill"`},
 		{"bad listen", "", []string{"GPUWARDEN_HTTP_LISTEN=9477"}, "http.listen"},
 		{"bad log level", "", []string{"GPUWARDEN_LOG_LEVEL=loud"}, "log.level"},
