@@ -161,7 +161,7 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 	// wall time it holds the device (a time slice), and at the slice's end
 	// for what it took beyond it (work that runs into the next slice);
 	// others pay for tickets they take outside a slice.
-	slice := float64(cfg.Slice)
+	slice := g.sliceLen(cfg)
 	for _, m := range g.members {
 		took := float64(m.lastIssued-m.charged) * m.costNs()
 		m.charged = m.lastIssued
@@ -191,9 +191,10 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 			highWaits = true
 		}
 	}
-	if o != nil && (now.Sub(g.sliceStart) >= cfg.Slice || o.idle(now, cfg) || (highWaits && !o.c.eff.High)) {
+	sliceDur := time.Duration(slice)
+	if o != nil && (now.Sub(g.sliceStart) >= sliceDur || o.idle(now, cfg) || (highWaits && !o.c.eff.High)) {
 		next := g.pick(o, now, cfg)
-		if next != o || now.Sub(g.sliceStart) >= cfg.Slice || o.credit <= 0 {
+		if next != o || now.Sub(g.sliceStart) >= sliceDur || o.credit <= 0 {
 			g.begin(next, now)
 		}
 	} else if o == nil {
@@ -280,11 +281,22 @@ func (g *gpu) begin(m *member, now time.Time) {
 // after the slice would run in another's. A slice always runs its full
 // length (the owner's credit may go into debt, paid back before its next
 // slice), so that switching costs the same share of every container's time.
+// sliceLen is a slice's length: Config.Slice, or longer where kernels are
+// long, so that a slice holds several of them (a slice of 2.5 kernels
+// quantizes the shares).
+func (g *gpu) sliceLen(cfg Config) float64 {
+	l := float64(cfg.Slice)
+	for _, m := range g.members {
+		l = max(l, 8*m.costNs())
+	}
+	return l
+}
+
 func (g *gpu) release(o *member, now time.Time, cfg Config) {
 	c := o.costNs()
 	tickets := func(ns float64) uint64 { return uint64(max(1, math.Ceil(ns/c))) }
 	elapsed := float64(now.Sub(g.sliceStart))
-	end := float64(cfg.Slice)
+	end := g.sliceLen(cfg)
 	ahead := min(float64(cfg.Lookahead), end-elapsed)
 	if ahead <= 0 {
 		return

@@ -366,30 +366,33 @@ unsigned sg_busy_percent(const struct sg_busy *b, uint64_t since_us, uint64_t *n
     uint64_t now_ns = sg_wall_ns(), now_us = now_ns / 1000;
     if (now_us_out) *now_us_out = now_us;
     uint64_t start_us = since_us && since_us < now_us ? since_us : now_us - 1000000;
-    /* the latest sample at or before the window's start, else the oldest one */
-    uint64_t best_ts = 0, best_busy = 0, oldest_ts = UINT64_MAX, oldest_busy = 0;
+    /* The busy curve at the window's start, interpolated between the samples
+     * around it; without a sample before it, the window starts at the oldest. */
+    uint64_t before_ts = 0, before_busy = 0, after_ts = UINT64_MAX, after_busy = 0;
     for (int i = 0; i < SG_SAMPLES; i++) {
         uint64_t ts = atomic_load(&b->samples[i].ts_us);
         uint64_t busy = atomic_load(&b->samples[i].busy_ns);
         if (!ts || ts > now_us) continue;
-        if (ts <= start_us && ts > best_ts) best_ts = ts, best_busy = busy;
-        if (ts < oldest_ts) oldest_ts = ts, oldest_busy = busy;
+        if (ts <= start_us && ts > before_ts) before_ts = ts, before_busy = busy;
+        if (ts > start_us && ts < after_ts) after_ts = ts, after_busy = busy;
     }
-    if (!best_ts) {
-        if (oldest_ts == UINT64_MAX) {
-            /* never sampled: only a kernel running right now counts */
-            uint64_t rs = atomic_load(&b->running_since);
-            if (!rs) return 0;
-            best_ts = start_us, best_busy = atomic_load(&b->busy_ns);
-        } else {
-            best_ts = oldest_ts, best_busy = oldest_busy;
-        }
+    uint64_t busy_start;
+    if (before_ts && after_ts != UINT64_MAX && after_busy >= before_busy) {
+        busy_start = before_busy + (uint64_t)((double)(after_busy - before_busy) * (double)(start_us - before_ts) /
+                                              (double)(after_ts - before_ts));
+    } else if (before_ts) {
+        busy_start = before_busy; /* no kernel ended since: the curve is flat from there */
+    } else if (after_ts != UINT64_MAX) {
+        start_us = after_ts, busy_start = after_busy; /* history starts later */
+    } else {
+        /* never sampled: only a kernel running right now counts */
+        busy_start = atomic_load(&b->busy_ns);
     }
     uint64_t busy_now = atomic_load(&b->busy_ns);
     uint64_t rs = atomic_load(&b->running_since);
-    if (rs && rs < now_ns) busy_now += now_ns - rs;
-    uint64_t window_ns = (now_us - best_ts) * 1000;
-    if (!window_ns || busy_now < best_busy) return 0;
-    uint64_t pct = (busy_now - best_busy) * 100 / window_ns;
+    if (rs && rs < now_ns) busy_now += now_ns - (rs > start_us * 1000 ? rs : start_us * 1000);
+    uint64_t window_ns = (now_us - start_us) * 1000;
+    if (!window_ns || busy_now <= busy_start) return 0;
+    uint64_t pct = ((busy_now - busy_start) * 100 + window_ns / 2) / window_ns; /* rounded, not truncated */
     return pct > 100 ? 100 : (unsigned)pct;
 }
