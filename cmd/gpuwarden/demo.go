@@ -86,8 +86,9 @@ func demo(listen string, every time.Duration, stop <-chan os.Signal, deadline <-
 	ctl := filepath.Join(m.dir, "control")
 	fmt.Fprintf(out, "simulated GPU: 1 device, 15 GiB (simgpu state in %s)\n", m.dir)
 	if !root {
-		fmt.Fprintln(out, "note: not root: no eBPF observation and no cgroups, so each workload is its own \"container\""+
-			" by process and the bypassing one is not detected; run `sudo make demo` for the whole picture")
+		fmt.Fprintln(out, "note: not root, so no eBPF and no cgroups: the workloads share one cgroup, so each runs the"+
+			" interposer standalone (its quota holds, its weight does not), and the agent sees them as one"+
+			" unenforced cgroup through NVML; run `sudo make demo` for the whole picture")
 	}
 
 	agent, addr, err := startDemoAgent(m, ctl, listen, root)
@@ -96,8 +97,11 @@ func demo(listen string, every time.Duration, stop <-chan os.Signal, deadline <-
 	}
 	defer stopProcess(agent)
 	fmt.Fprintf(out, "agent: http://%s (metrics: http://%s/metrics, API: http://%s/api/v1/containers)\n", addr, addr, addr)
-	fmt.Fprintf(out, "try: bin/gpuwarden smi --agent %s; bin/gpuwarden ctl --agent %s --token-file %s set /gpuwarden-demo-%d/demo-a --weight 3\n\n",
-		addr, addr, filepath.Join(m.dir, "token"), os.Getpid())
+	if root {
+		fmt.Fprintf(out, "try: bin/gpuwarden smi --agent %s; bin/gpuwarden ctl --agent %s --token-file %s set /gpuwarden-demo-%d/demo-a --weight 3\n",
+			addr, addr, filepath.Join(m.dir, "token"), os.Getpid())
+	}
+	fmt.Fprintln(out)
 
 	containers := demoContainers()
 	defer func() {
@@ -173,6 +177,12 @@ func startDemoAgent(m *simMachine, ctl, listen string, root bool) (*exec.Cmd, st
 func (c *demoContainer) start(m *simMachine, ctl string, root bool) error {
 	c.cmd = m.workload(c.args...)
 	if c.env != nil {
+		if !root {
+			// Without cgroups every workload is in the same cgroup, which
+			// would make them one container sharing one quota: each gets a
+			// control directory of its own (the interposer's standalone mode).
+			ctl = filepath.Join(filepath.Dir(ctl), "standalone-"+c.name)
+		}
 		c.cmd.Env = append(c.cmd.Env, "LD_PRELOAD="+filepath.Join(m.bin, "libgpuwarden.so"), "GPUWARDEN_CONTROL_DIR="+ctl)
 		c.cmd.Env = append(c.cmd.Env, c.env...)
 	}
