@@ -15,7 +15,7 @@ import (
 // joiner accumulates one view's per-container entries.
 type joiner struct {
 	c       *Collector
-	live    map[slotKey]bool // ledger slots seen this time
+	live    map[uint64]bool // cgroups whose ledgers were read this time
 	v       *View
 	entries map[Key]*ContainerDevice
 	uuids   map[int]string
@@ -44,7 +44,7 @@ func (j *joiner) source(name string, err error) bool {
 
 func (c *Collector) build(ctx context.Context) *View {
 	j := &joiner{c: c, v: &View{Node: c.node, Time: time.Now()}, entries: map[Key]*ContainerDevice{},
-		uuids: map[int]string{}, live: map[slotKey]bool{}}
+		uuids: map[int]string{}, live: map[uint64]bool{}}
 	var devs []nvmldev.Device
 	if c.src.NVML != nil {
 		var err error
@@ -219,7 +219,11 @@ func (j *joiner) finish(ledgers map[uint64]*ledger) {
 		}
 		j.v.Containers = append(j.v.Containers, *e)
 	}
-	j.c.counters.retire(j.live)
+	for cg := range j.c.totals {
+		if !j.live[cg] {
+			delete(j.c.totals, cg) // the container is gone, and its series with it
+		}
+	}
 	j.v.sort()
 }
 
@@ -268,8 +272,14 @@ func (j *joiner) addLedger(cg uint64, l *ledger) {
 			e.PIDs = append(e.PIDs, int(p.Pid))
 		}
 	}
-	launches, throttledNs := j.c.counters.add(cg, u.Procs, j.live)
-	e.Launches, e.ThrottledSeconds = float64(launches), float64(throttledNs)/1e9
+	tot := j.c.totals[cg]
+	if tot == nil {
+		tot = &controlblock.ProcTotals{}
+		j.c.totals[cg] = tot
+	}
+	tot.Update(u.Procs)
+	j.live[cg] = true
+	e.Launches, e.ThrottledSeconds = float64(tot.Launches), float64(tot.ThrottledNs)/1e9
 }
 
 func containsPID(pids []int, pid int) bool {

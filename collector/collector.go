@@ -10,6 +10,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/bpf/observe"
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
 	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
+	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 )
 
 // Sources are what the collector joins. A nil source is switched off.
@@ -47,10 +48,10 @@ type Collector struct {
 	log     *slog.Logger
 	maxAge  time.Duration // a view younger than this is served again
 
-	mu       sync.Mutex
-	last     *View
-	counters slotCounters
-	ledgers  ledgerFiles
+	mu      sync.Mutex
+	last    *View
+	totals  map[uint64]*controlblock.ProcTotals // per cgroup: launches and throttled time
+	ledgers ledgerFiles
 }
 
 // New makes a collector for a node.
@@ -59,7 +60,7 @@ func New(node, version string, src Sources, log *slog.Logger) *Collector {
 		src.ProcRoot = "/proc"
 	}
 	return &Collector{node: node, src: src, version: version, log: log, maxAge: time.Second,
-		counters: newSlotCounters()}
+		totals: map[uint64]*controlblock.ProcTotals{}}
 }
 
 // View returns the current view, reading the sources at most once per

@@ -125,17 +125,10 @@ type container struct {
 	eff      Settings // settings in force (claims resolved)
 	gated    uint32   // gate_mask bits this scheduler set
 
-	claimsSeen bool              // the ledger's claims were there when last read
-	slotSeen   map[slotID]uint64 // throttled_ns last seen per process slot
-	throttled  uint64            // ns, accumulated over processes that came and went
+	claimsSeen bool                    // the ledger's claims were there when last read
+	totals     controlblock.ProcTotals // throttled time over processes that came and went
 	reserved   [controlblock.MaxDevices]uint64
 	pids       []uint32
-}
-
-type slotID struct {
-	slot  int
-	pid   int32
-	start uint64
 }
 
 // New makes a scheduler; Start runs it.
@@ -172,7 +165,7 @@ func (s *Scheduler) AddContainer(key string, limits *controlblock.LimitsFile, us
 		return fmt.Errorf("add container %s: already added", key)
 	}
 	c := &container{key: key, limits: limits, usage: usage, devices: append([]int(nil), devices...),
-		settings: st, eff: st, slotSeen: map[slotID]uint64{}}
+		settings: st, eff: st}
 	s.containers[key] = c
 	s.readLedger(c)
 	limits.Heartbeat()
@@ -403,21 +396,13 @@ func (s *Scheduler) readLedger(c *container) {
 	}
 	c.reserved = snap.ReservedBytes
 	c.pids = c.pids[:0]
-	seen := map[slotID]uint64{}
 	for _, p := range snap.Procs {
-		id := slotID{p.Slot, p.Pid, p.StartTime}
-		if prev, ok := c.slotSeen[id]; ok && p.ThrottledNs >= prev {
-			c.throttled += p.ThrottledNs - prev
-		} else if !ok {
-			c.throttled += p.ThrottledNs
-		}
-		seen[id] = p.ThrottledNs
 		c.pids = append(c.pids, uint32(p.Pid))
 	}
-	c.slotSeen = seen
+	c.totals.Update(snap.Procs)
 }
 
-func (c *container) throttledNow() uint64 { return c.throttled }
+func (c *container) throttledNow() uint64 { return c.totals.ThrottledNs }
 
 // setGates writes the gate_mask bits this scheduler manages; before a bit is
 // set, the device's grant is brought up to the tickets already taken, so
