@@ -7,9 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -38,7 +36,7 @@ func benchAgent(o benchOptions, stdout io.Writer) error {
 		return err
 	}
 	defer m.close()
-	ctl := filepath.Join(m.dir, "control")
+	ctl := m.controlDir()
 	parent, rels, err := makeBenchCgroups(benchContainers)
 	if err != nil {
 		return err
@@ -48,20 +46,20 @@ func benchAgent(o benchOptions, stdout io.Writer) error {
 		return err
 	}
 
-	if err := benchObservation(m, ctl, stdout); err != nil {
+	if err := benchObservation(m, stdout); err != nil {
 		return err
 	}
-	return benchEnforcement(m, ctl, stdout)
+	return benchEnforcement(m, stdout)
 }
 
 // benchObservation: the agent with the enforcer off, as the observation
 // budget (100 ms a scrape, 100 MiB, 2% of a core) is stated.
-func benchObservation(m *simMachine, ctl string, stdout io.Writer) error {
-	agent, addr, err := startBenchAgent(m, ctl, false)
+func benchObservation(m *simMachine, stdout io.Writer) error {
+	agent, addr, err := m.startAgent("127.0.0.1:0", "GPUWARDEN_ENFORCEMENT_ENABLED=false")
 	if err != nil {
 		return err
 	}
-	defer func() { _ = agent.Process.Signal(syscall.SIGTERM); _ = agent.Wait() }()
+	defer stopProcess(agent)
 	// GPUWARDEN_BENCH_PROFILE=FILE saves a CPU profile of the agent while it is scraped.
 	profiled := make(chan error, 1)
 	if out := os.Getenv("GPUWARDEN_BENCH_PROFILE"); out != "" {
@@ -117,12 +115,12 @@ func benchObservation(m *simMachine, ctl string, stdout io.Writer) error {
 
 // benchEnforcement: the same containers with the enforcer on, every one of
 // them scheduled on the one GPU.
-func benchEnforcement(m *simMachine, ctl string, stdout io.Writer) error {
-	agent, _, err := startBenchAgent(m, ctl, true)
+func benchEnforcement(m *simMachine, stdout io.Writer) error {
+	agent, _, err := m.startAgent("127.0.0.1:0", "GPUWARDEN_ENFORCEMENT_ENABLED=true")
 	if err != nil {
 		return err
 	}
-	defer func() { _ = agent.Process.Signal(syscall.SIGTERM); _ = agent.Wait() }()
+	defer stopProcess(agent)
 	time.Sleep(5 * time.Second) // every container taken on
 	cpu, err := cpuOver(agent.Process.Pid, 5*time.Second, nil)
 	if err != nil {
@@ -202,43 +200,6 @@ func fillLedgers(m *simMachine, ctl, parent string, rels []string) error {
 		}
 	}
 	return nil
-}
-
-var benchServingRe = regexp.MustCompile(`msg=serving address=(\S+)`)
-
-func startBenchAgent(m *simMachine, ctl string, enforce bool) (*exec.Cmd, string, error) {
-	cmd := exec.Command(filepath.Join(m.bin, "gpuwarden"), "agent", "--listen", "127.0.0.1:0")
-	cmd.Env = append(m.env(), "GPUWARDEN_CONTROL_DIR="+ctl,
-		"GPUWARDEN_NVML_LIBRARY="+filepath.Join(m.bin, "simgpu", "libnvidia-ml.so.1"),
-		"GPUWARDEN_EBPF_LIBRARIES="+filepath.Join(m.bin, "simgpu", "libcuda.so.1"),
-		"GPUWARDEN_EBPF_LDCONFIG_SONAME=", "GPUWARDEN_EBPF_PIN_DIR=", "GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET=",
-		"GPUWARDEN_ENFORCEMENT_API_TOKEN_FILE="+filepath.Join(m.dir, "token"), "GPUWARDEN_ENFORCEMENT_STATE_FILE="+filepath.Join(m.dir, "settings.json"),
-		fmt.Sprintf("GPUWARDEN_ENFORCEMENT_ENABLED=%v", enforce),
-	)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		return nil, "", err
-	}
-	if err := cmd.Start(); err != nil {
-		return nil, "", fmt.Errorf("start agent: %w", err)
-	}
-	addr := make(chan string, 1)
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			if m := benchServingRe.FindStringSubmatch(sc.Text()); m != nil {
-				addr <- m[1]
-			}
-		}
-	}()
-	select {
-	case a := <-addr:
-		return cmd, a, nil
-	case <-time.After(30 * time.Second):
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		return nil, "", errors.New("agent did not start serving within 30s")
-	}
 }
 
 // scrapeSeries scrapes /metrics and counts the series of one metric.

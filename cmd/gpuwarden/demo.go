@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
-	"regexp"
 	"sort"
 	"strings"
 	"syscall"
@@ -83,7 +82,7 @@ func demo(listen string, every time.Duration, stop <-chan os.Signal, deadline <-
 		return err
 	}
 	defer m.close()
-	ctl := filepath.Join(m.dir, "control")
+	ctl := m.controlDir()
 	fmt.Fprintf(out, "simulated GPU: 1 device, 15 GiB (simgpu state in %s)\n", m.dir)
 	if !root {
 		fmt.Fprintln(out, "note: not root, so no eBPF and no cgroups: the workloads share one cgroup, so each runs the"+
@@ -91,7 +90,7 @@ func demo(listen string, every time.Duration, stop <-chan os.Signal, deadline <-
 			" unenforced cgroup through NVML; run `sudo make demo` for the whole picture")
 	}
 
-	agent, addr, err := startDemoAgent(m, ctl, listen, root)
+	agent, addr, err := m.startAgent(listen, fmt.Sprintf("GPUWARDEN_EBPF_ENABLED=%v", root))
 	if err != nil {
 		return err
 	}
@@ -138,40 +137,6 @@ func demo(listen string, every time.Duration, stop <-chan os.Signal, deadline <-
 			prev = cur
 		}
 	}
-}
-
-var demoServingRe = regexp.MustCompile(`msg=serving address=(\S+)`)
-
-func startDemoAgent(m *simMachine, ctl, listen string, root bool) (*exec.Cmd, string, error) {
-	cmd := exec.Command(filepath.Join(m.bin, "gpuwarden"), "agent", "--listen", listen)
-	cmd.Env = append(m.env(), "GPUWARDEN_CONTROL_DIR="+ctl,
-		"GPUWARDEN_NVML_LIBRARY="+filepath.Join(m.bin, "simgpu", "libnvidia-ml.so.1"),
-		"GPUWARDEN_EBPF_LIBRARIES="+filepath.Join(m.bin, "simgpu", "libcuda.so.1"),
-		"GPUWARDEN_EBPF_LDCONFIG_SONAME=", "GPUWARDEN_EBPF_PIN_DIR=", "GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET=",
-		"GPUWARDEN_ENFORCEMENT_API_TOKEN_FILE="+filepath.Join(m.dir, "token"),
-		"GPUWARDEN_ENFORCEMENT_STATE_FILE="+filepath.Join(m.dir, "settings.json"),
-		fmt.Sprintf("GPUWARDEN_EBPF_ENABLED=%v", root))
-	logf, err := os.Create(filepath.Join(m.dir, "agent.log"))
-	if err != nil {
-		return nil, "", err
-	}
-	cmd.Stderr = logf
-	if err := cmd.Start(); err != nil {
-		return nil, "", fmt.Errorf("start agent: %w", err)
-	}
-	for i := 0; i < 300; i++ {
-		b, _ := os.ReadFile(logf.Name())
-		if mm := demoServingRe.FindSubmatch(b); mm != nil {
-			return cmd, string(mm[1]), nil
-		}
-		if strings.Contains(string(b), "agent failed to start") {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	stopProcess(cmd)
-	b, _ := os.ReadFile(logf.Name())
-	return nil, "", fmt.Errorf("the agent did not start (is %s in use?):\n%s", listen, b)
 }
 
 func (c *demoContainer) start(m *simMachine, ctl string, root bool) error {
@@ -232,18 +197,6 @@ func (c *demoContainer) stop() {
 	if c.cgroup != "" {
 		_ = os.Remove(c.cgroup)
 		_ = os.Remove(filepath.Dir(c.cgroup)) // the demo's parent, once empty
-	}
-}
-
-func stopProcess(cmd *exec.Cmd) {
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-time.After(10 * time.Second):
-		_ = cmd.Process.Kill()
-		<-done
 	}
 }
 

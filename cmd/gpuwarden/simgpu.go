@@ -5,6 +5,10 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"time"
 )
 
 // binDir is the directory holding the gpuwarden binary: the other build
@@ -59,4 +63,60 @@ func (m *simMachine) workload(args ...string) *exec.Cmd {
 	cmd := exec.Command(filepath.Join(m.bin, "simgpu", "workload"), args...)
 	cmd.Env = m.env()
 	return cmd
+}
+
+// controlDir is where this machine's containers keep their control blocks.
+func (m *simMachine) controlDir() string { return filepath.Join(m.dir, "control") }
+
+var servingRe = regexp.MustCompile(`msg=serving address=(\S+)`)
+
+// startAgent runs `gpuwarden agent` on this machine: NVML and eBPF on
+// simgpu's libraries, nothing pinned, no kubelet, its token and settings in
+// the machine's directory, its log in agent.log there; env adds or
+// overrides settings. It returns once the agent serves, with its address.
+func (m *simMachine) startAgent(listen string, env ...string) (*exec.Cmd, string, error) {
+	cmd := exec.Command(filepath.Join(m.bin, "gpuwarden"), "agent", "--listen", listen)
+	cmd.Env = append(m.env(), "GPUWARDEN_CONTROL_DIR="+m.controlDir(),
+		"GPUWARDEN_NVML_LIBRARY="+filepath.Join(m.bin, "simgpu", "libnvidia-ml.so.1"),
+		"GPUWARDEN_EBPF_LIBRARIES="+filepath.Join(m.bin, "simgpu", "libcuda.so.1"),
+		"GPUWARDEN_EBPF_LDCONFIG_SONAME=", "GPUWARDEN_EBPF_PIN_DIR=", "GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET=",
+		"GPUWARDEN_ENFORCEMENT_API_TOKEN_FILE="+filepath.Join(m.dir, "token"),
+		"GPUWARDEN_ENFORCEMENT_STATE_FILE="+filepath.Join(m.dir, "settings.json"))
+	cmd.Env = append(cmd.Env, env...) // later entries win
+	logPath := filepath.Join(m.dir, "agent.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, "", err
+	}
+	defer logf.Close()
+	cmd.Stderr = logf
+	if err := cmd.Start(); err != nil {
+		return nil, "", fmt.Errorf("start agent: %w", err)
+	}
+	for i := 0; i < 300; i++ {
+		b, _ := os.ReadFile(logPath)
+		if mm := servingRe.FindSubmatch(b); mm != nil {
+			return cmd, string(mm[1]), nil
+		}
+		if strings.Contains(string(b), "agent failed to start") {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	stopProcess(cmd)
+	b, _ := os.ReadFile(logPath)
+	return nil, "", fmt.Errorf("the agent did not start (is %s in use?):\n%s", listen, b)
+}
+
+// stopProcess stops a process with SIGTERM, and SIGKILL after 10 s.
+func stopProcess(cmd *exec.Cmd) {
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+	}
 }
