@@ -14,11 +14,11 @@ import (
 // mapped, so the agent's memory does not grow with them. A limits file
 // replaced (another inode) is remapped; a directory gone is dropped.
 type ledgerFiles struct {
-	open map[string]*mappedLedger // by directory name
+	open map[string]*openLedger // by directory name
 	buf  []byte
 }
 
-type mappedLedger struct {
+type openLedger struct {
 	usage     *os.File
 	limits    *controlblock.LimitsFile
 	limitsIno uint64
@@ -32,14 +32,14 @@ func inode(path string) (uint64, bool) {
 	return st.Ino, true
 }
 
-// read returns a snapshot of dir's ledger, mapping it on first use.
+// read returns a snapshot of dir's ledger, opening it on first use.
 func (f *ledgerFiles) read(controlDir, dir string) (*ledger, error) {
 	if f.open == nil {
-		f.open = map[string]*mappedLedger{}
+		f.open = map[string]*openLedger{}
 	}
 	m := f.open[dir]
 	if m == nil {
-		m = &mappedLedger{}
+		m = &openLedger{}
 		f.open[dir] = m
 	}
 	if m.usage == nil {
@@ -80,7 +80,7 @@ func (f *ledgerFiles) read(controlDir, dir string) (*ledger, error) {
 	return l, nil
 }
 
-// keep unmaps every ledger whose directory is not in seen.
+// keep closes every ledger whose directory is not in seen.
 func (f *ledgerFiles) keep(seen map[string]bool) {
 	for dir := range f.open {
 		if !seen[dir] {
@@ -97,14 +97,14 @@ func (f *ledgerFiles) drop(dir string) {
 	delete(f.open, dir)
 }
 
-func (m *mappedLedger) closeUsage() {
+func (m *openLedger) closeUsage() {
 	if m.usage != nil {
 		_ = m.usage.Close()
 		m.usage = nil
 	}
 }
 
-func (m *mappedLedger) closeLimits() {
+func (m *openLedger) closeLimits() {
 	if m.limits != nil {
 		m.limits.Close()
 		m.limits = nil
