@@ -18,6 +18,10 @@ const (
 	costTau     = 5 * time.Second        // window of the cost estimate
 	shareTau    = time.Second            // window of the achieved share
 	busyHold    = 300 * time.Millisecond // a container that took a ticket this recently is busy
+	// Charges are trued up to measured device time at most this often (a
+	// longer window when a reading finds no busy time, as NVIDIA's sampled
+	// per-process utilization can).
+	reconcileEvery = 250 * time.Millisecond
 )
 
 // gpu is one device's loop state.
@@ -33,6 +37,8 @@ type gpu struct {
 	sliceTook    float64 // device time of the tickets it took in the slice, ns
 	sliceHeld    float64 // wall time it has held the slice, ns
 	lastTick     time.Time
+	queued       float64       // ns of the previous owner's work that may still run ahead of the owner's
+	sinceRecon   time.Duration // measured time since charges were last trued up
 }
 
 // member is one container on one device.
@@ -58,6 +64,12 @@ type member struct {
 	lastBusy   uint64
 	haveBusy   bool
 	achieved   float64
+
+	// Since the last reconciliation: what it was charged on estimates, the
+	// wall time it held slices, and the device time it measurably used.
+	provisional float64
+	held        float64
+	used        float64
 }
 
 func newMember(c *container, dev int, now time.Time) *member {
@@ -107,8 +119,9 @@ func (g *gpu) measure(busy map[string]uint64, dt time.Duration) {
 	alpha := 1 - math.Exp(-float64(dt)/float64(shareTau))
 	for _, m := range g.members {
 		b := busy[m.c.key]
-		if !m.haveBusy || b < m.lastBusy {
+		if !m.haveBusy || b < m.lastBusy { // first reading: the windows start here
 			m.lastBusy, m.measIssued, m.haveBusy = b, m.lastIssued, true
+			m.provisional, m.held, m.used = 0, 0, 0
 			continue
 		}
 		db, di := float64(b-m.lastBusy), float64(m.lastIssued-m.measIssued)
@@ -119,14 +132,52 @@ func (g *gpu) measure(busy map[string]uint64, dt time.Duration) {
 			m.cost = m.sumBusy / m.sumTickets
 		}
 		m.achieved += (min(db/float64(dt), 1) - m.achieved) * alpha
+		m.used += db
+	}
+	g.sinceRecon += dt
+	if g.sinceRecon >= reconcileEvery {
+		g.reconcile()
 	}
 }
 
-// idle says an owner has stopped using its slice: it waits at no gate and
+// reconcile replaces the charges made on estimates since the last call
+// (the owner's wall time, tickets at their estimated cost) with measured
+// device time, so errors in the estimates do not add up: the shares of
+// device time converge on the targets whatever the kernels' length, launch
+// pattern or synchronization. The slices' wall time (held) is what is
+// charged in all; it is split in proportion to the device time each used,
+// so the idle moments of switching are borne in proportion too, and
+// credit earned at wall time is paid back in full.
+func (g *gpu) reconcile() {
+	var held, used float64
+	for _, m := range g.members {
+		if m.haveBusy {
+			held += m.held
+			used += m.used
+		}
+	}
+	if used <= 0 { // nothing measured (yet): wait for a reading with busy time
+		if g.sinceRecon < 4*reconcileEvery {
+			return
+		}
+		held = 0 // too long: keep the estimates and start a new window
+	}
+	for _, m := range g.members {
+		if m.haveBusy && held > 0 && used > 0 {
+			m.credit += m.provisional - m.used*held/used
+		}
+		m.provisional, m.held, m.used = 0, 0, 0
+	}
+	g.sinceRecon = 0
+}
+
+// ownerIdle says the owner has stopped using its slice: it waits at no gate and
 // has taken no ticket for longer than its released work can last (it may be
-// synchronizing on up to a lookahead of work, plus a ticket or two).
-func (m *member) idle(now time.Time, cfg Config) bool {
-	after := cfg.Lookahead + 2*cfg.Tick + time.Duration(2*m.costNs())
+// synchronizing on up to a lookahead of work, plus a ticket or two, queued
+// behind what the previous owner left on the device).
+func (g *gpu) ownerIdle(now time.Time, cfg Config) bool {
+	m := g.owner
+	after := cfg.Lookahead + 2*cfg.Tick + time.Duration(2*m.costNs()+g.queued)
 	return !m.waiting && now.Sub(m.lastTake) > min(after, 200*time.Millisecond)
 }
 
@@ -144,9 +195,12 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 		if issued < m.lastIssued { // a new ledger: start counting again
 			m.lastIssued, m.charged, m.measIssued = issued, issued, issued
 		}
-		if issued > m.lastIssued {
-			m.lastIssued, m.lastTake = issued, now
+		// A ticket counts as taken when its launch passes the gate: a launch
+		// that waited since long ago has only now begun.
+		if issued > m.lastIssued || m.waiting {
+			m.lastTake = now
 		}
+		m.lastIssued = max(m.lastIssued, issued)
 		m.waiting = issued > grant
 		m.busy = m.waiting || now.Sub(m.lastTake) < busyHold
 	}
@@ -170,7 +224,9 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 			charge = dt
 			g.sliceTook += took
 			g.sliceHeld += dt
+			m.held += dt
 		}
+		m.provisional += charge
 		hi := slice
 		if m.busy {
 			hi = slice * float64(len(g.members)+1)
@@ -192,13 +248,13 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 		}
 	}
 	sliceDur := time.Duration(slice)
-	if o != nil && (now.Sub(g.sliceStart) >= sliceDur || o.idle(now, cfg) || (highWaits && !o.c.eff.High)) {
+	if o != nil && (now.Sub(g.sliceStart) >= sliceDur || g.ownerIdle(now, cfg) || (highWaits && !o.c.eff.High)) {
 		next := g.pick(o, now, cfg)
 		if next != o || now.Sub(g.sliceStart) >= sliceDur || o.credit <= 0 {
-			g.begin(next, now)
+			g.begin(next, now, cfg)
 		}
 	} else if o == nil {
-		g.begin(g.pick(nil, now, cfg), now)
+		g.begin(g.pick(nil, now, cfg), now, cfg)
 	}
 	if g.owner == nil {
 		return
@@ -230,7 +286,7 @@ func (g *gpu) pick(cur *member, now time.Time, cfg Config) *member {
 	var cands []*member
 	high := false
 	for _, m := range g.members {
-		if m.waiting || (m == cur && !m.idle(now, cfg)) {
+		if m.waiting || (m == cur && !g.ownerIdle(now, cfg)) {
 			cands = append(cands, m)
 			if m.c.eff.High && m.credit > 0 {
 				high = true
@@ -256,7 +312,7 @@ func (g *gpu) pick(cur *member, now time.Time, cfg Config) *member {
 	return best
 }
 
-func (g *gpu) begin(m *member, now time.Time) {
+func (g *gpu) begin(m *member, now time.Time, cfg Config) {
 	if o := g.owner; o != nil {
 		// Work taken beyond the slice by more than a ticket (long kernels)
 		// runs in the next one: it is paid for. Within a ticket it is not:
@@ -264,12 +320,16 @@ func (g *gpu) begin(m *member, now time.Time) {
 		// owner leaves about that much.
 		if ex := g.sliceTook - g.sliceHeld - o.costNs(); ex > 0 {
 			o.credit -= ex
+			o.provisional += ex
 		}
 		if o.cost == 0 && o.lastIssued >= g.sliceIssued0+o.probe && o.probe < 1<<20 {
 			o.probe *= 2
 		}
 	}
-	g.sliceTook, g.sliceHeld = 0, 0
+	g.sliceTook, g.sliceHeld, g.queued = 0, 0, 0
+	if o := g.owner; o != nil && o != m {
+		g.queued = float64(cfg.Lookahead) + o.costNs()
+	}
 	g.owner, g.sliceStart = m, now
 	if m != nil {
 		g.sliceIssued0 = m.lastIssued
@@ -282,12 +342,12 @@ func (g *gpu) begin(m *member, now time.Time) {
 // length (the owner's credit may go into debt, paid back before its next
 // slice), so that switching costs the same share of every container's time.
 // sliceLen is a slice's length: Config.Slice, or longer where kernels are
-// long, so that a slice holds several of them (a slice of 2.5 kernels
-// quantizes the shares).
+// long, so that a slice holds several of them (the device would otherwise
+// switch, and wait for the previous owner's last kernel, every kernel or two).
 func (g *gpu) sliceLen(cfg Config) float64 {
 	l := float64(cfg.Slice)
 	for _, m := range g.members {
-		l = max(l, 8*m.costNs())
+		l = max(l, 4*m.costNs())
 	}
 	return l
 }

@@ -20,7 +20,11 @@
 // container is charged as it takes them. An owner that does not keep up with
 // its slice (it synchronizes, or computes on the host) is charged the wall
 // time it held the device, as a time slice is charged, so synchronizing
-// workloads keep their ratio.
+// workloads keep their ratio. These charges are estimates; every quarter
+// second they are trued up to the device time each container measurably
+// used (the slices' wall time split in proportion to it), so the estimates'
+// errors do not add up and the shares of device time converge on the
+// targets.
 //
 // A dead agent never stops the workloads: the loop writes each container's
 // heartbeat; if the agent dies the interposer lets launches through after the

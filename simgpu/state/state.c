@@ -297,14 +297,15 @@ static void futex_wake_all(_Atomic uint32_t *word) {
     syscall(SYS_futex, word, FUTEX_WAKE, 0x7fffffff, NULL, NULL, 0);
 }
 
-static void busy_add(struct sg_busy *b, uint64_t dur_ns, uint64_t end_wall_ns) {
-    uint64_t total = atomic_fetch_add(&b->busy_ns, dur_ns) + dur_ns;
-    atomic_store(&b->running_since, 0);
+/* Records the busy curve's value at a kernel's start or end. The newest
+ * sample follows the latest start or end until it is a period past the one
+ * before it; then the next sample starts. Samples at starts keep an idle gap
+ * flat: interpolating across it would spread the next kernel over the gap
+ * and lose time between consecutive readers' windows. */
+static void busy_sample(struct sg_busy *b, uint64_t total, uint64_t wall_ns) {
     uint32_t head = atomic_load(&b->head);
     struct sg_sample *prev = &b->samples[(head + SG_SAMPLES - 2) % SG_SAMPLES];
-    uint64_t now_us = end_wall_ns / 1000;
-    /* The newest sample follows the latest kernel's end until it is a period
-     * past the one before it; then the next sample starts. */
+    uint64_t now_us = wall_ns / 1000;
     struct sg_sample *next = &b->samples[head % SG_SAMPLES];
     if (head >= 2 && now_us - atomic_load(&prev->ts_us) < SG_SAMPLE_PERIOD_NS / 1000)
         next = &b->samples[(head + SG_SAMPLES - 1) % SG_SAMPLES];
@@ -313,6 +314,17 @@ static void busy_add(struct sg_busy *b, uint64_t dur_ns, uint64_t end_wall_ns) {
     atomic_store(&next->ts_us, 0); /* readers skip a sample being rewritten */
     atomic_store(&next->busy_ns, total);
     atomic_store(&next->ts_us, now_us);
+}
+
+static void busy_add(struct sg_busy *b, uint64_t dur_ns, uint64_t end_wall_ns) {
+    uint64_t total = atomic_fetch_add(&b->busy_ns, dur_ns) + dur_ns;
+    atomic_store(&b->running_since, 0);
+    busy_sample(b, total, end_wall_ns);
+}
+
+static void busy_start(struct sg_busy *b, uint64_t wall_ns) {
+    busy_sample(b, atomic_load(&b->busy_ns), wall_ns);
+    atomic_store(&b->running_since, wall_ns);
 }
 
 /* Wait until the simulated kernel's end: sleep while far away, spin the last
@@ -348,8 +360,8 @@ void sg_exec_kernel(struct sg_state *s, int dev, uint64_t duration_ns) {
     }
     uint32_t turn = atomic_fetch_add(&d->exec_turn, 1) + 1;
     uint64_t start = sg_now_ns(), wall = sg_wall_ns();
-    atomic_store(&d->busy.running_since, wall);
-    if (me) atomic_store(&me->busy[dev].running_since, wall);
+    busy_start(&d->busy, wall);
+    if (me) busy_start(&me->busy[dev], wall);
     wait_until(start + duration_ns);
     uint64_t ran = sg_now_ns() - start;
     busy_add(&d->busy, ran, wall + ran);
