@@ -60,7 +60,8 @@ func benchObservation(m *simMachine, stdout io.Writer) error {
 		return err
 	}
 	defer stopProcess(agent)
-	// GPUWARDEN_BENCH_PROFILE=FILE saves a CPU profile of the agent while it is scraped.
+	// GPUWARDEN_BENCH_PROFILE=FILE saves a CPU profile of the agent while it
+	// is scraped (and FILE.enforcing one while it enforces).
 	profiled := make(chan error, 1)
 	if out := os.Getenv("GPUWARDEN_BENCH_PROFILE"); out != "" {
 		go func() { profiled <- saveProfile(addr, out, 8) }()
@@ -116,14 +117,23 @@ func benchObservation(m *simMachine, stdout io.Writer) error {
 // benchEnforcement: the same containers with the enforcer on, every one of
 // them scheduled on the one GPU.
 func benchEnforcement(m *simMachine, stdout io.Writer) error {
-	agent, _, err := m.startAgent("127.0.0.1:0", "GPUWARDEN_ENFORCEMENT_ENABLED=true")
+	agent, addr, err := m.startAgent("127.0.0.1:0", "GPUWARDEN_ENFORCEMENT_ENABLED=true")
 	if err != nil {
 		return err
 	}
 	defer stopProcess(agent)
 	time.Sleep(5 * time.Second) // every container taken on
+	profiled := make(chan error, 1)
+	if out := os.Getenv("GPUWARDEN_BENCH_PROFILE"); out != "" {
+		go func() { profiled <- saveProfile(addr, out+".enforcing", 5) }()
+	} else {
+		profiled <- nil
+	}
 	cpu, err := cpuOver(agent.Process.Pid, 5*time.Second, nil)
 	if err != nil {
+		return err
+	}
+	if err := <-profiled; err != nil {
 		return err
 	}
 	rss, err := rssMiB(agent.Process.Pid)

@@ -168,6 +168,12 @@ func (c *ctlClient) post(path string, body any, stdout io.Writer) error {
 		Error     string   `json:"error"`
 		Container string   `json:"container"`
 		Warnings  []string `json:"warnings"`
+		InForce   []struct {
+			Container string  `json:"container"`
+			GPU       int     `json:"gpu"`
+			Policy    string  `json:"policy"`
+			Target    float64 `json:"target"`
+		} `json:"inForce"`
 	}
 	_ = json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&res)
 	if resp.StatusCode != http.StatusOK {
@@ -178,6 +184,9 @@ func (c *ctlClient) post(path string, body any, stdout io.Writer) error {
 	}
 	for _, w := range res.Warnings {
 		fmt.Fprintf(stdout, "warning: %s\n", w)
+	}
+	for _, f := range res.InForce {
+		fmt.Fprintf(stdout, "in force: %s on GPU %d: %s, target %.1f%%\n", f.Container, f.GPU, f.Policy, f.Target*100)
 	}
 	fmt.Fprintln(stdout, "ok")
 	return nil

@@ -80,12 +80,21 @@ func TestAgentEnforcesWeightsAndHotChanges(t *testing.T) {
 		return nil
 	})
 
+	// The change is in force when ctl's answer comes: the answer lists the
+	// targets the scheduler holds both containers to.
 	start := time.Now()
-	if out, err := ctl(t, agent, "set", b.Rel, "--weight", "3"); err != nil {
+	out, err := ctl(t, agent, "set", b.Rel, "--weight", "3")
+	if err != nil {
 		t.Fatalf("ctl set: %v: %s", err, out)
 	}
+	t.Logf("ctl set answered in %v:\n%s", time.Since(start), out)
+	for _, want := range []string{"target 25.0%", "target 75.0%"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("ctl set's answer lacks %q", want)
+		}
+	}
 	wantTargets(t, agent, 5*time.Second, map[*simtest.Cgroup]float64{a: 0.25, b: 0.75})
-	t.Logf("the new weight showed in the targets after %v", time.Since(start))
+	t.Logf("the new weight showed in the metrics after %v", time.Since(start))
 
 	// Restart the agent on the same control directory and settings file.
 	agent.Stop(t)
@@ -153,7 +162,7 @@ func TestAgentFreezesBypass(t *testing.T) {
 		}
 		return "?"
 	}
-	simtest.Eventually(t, 10*time.Second, func() error {
+	simtest.Eventually(t, 20*time.Second, func() error {
 		if f := frozen(); f != "1" {
 			return fmt.Errorf("frozen %s", f)
 		}

@@ -168,6 +168,9 @@ func (f *LimitsFile) RaiseGrant(dev int, grant uint64) error {
 // silent longer than GraceNs lets launches through.
 func (f *LimitsFile) Heartbeat() { atomic.StoreUint64(&f.l.HeartbeatNs, MonotonicNs()) }
 
+// HeartbeatAt is Heartbeat at a time read once for many files (MonotonicNs).
+func (f *LimitsFile) HeartbeatAt(ns uint64) { atomic.StoreUint64(&f.l.HeartbeatNs, ns) }
+
 func (f *LimitsFile) wakeAll() {
 	for d := range f.l.Gate {
 		atomic.AddUint32(&f.l.Gate[d].Wake, 1)

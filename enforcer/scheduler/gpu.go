@@ -22,6 +22,11 @@ const (
 	// longer window when a reading finds no busy time, as NVIDIA's sampled
 	// per-process utilization can).
 	reconcileEvery = 250 * time.Millisecond
+	// Idle containers are looked at in turns, at least this many a tick
+	// (all of them, on a GPU shared by fewer) and each at least every
+	// Config.IdlePoll: a thousand idle containers do not cost a thousand
+	// reads every tick.
+	idleBatch = 64
 )
 
 // gpu is one device's loop state.
@@ -39,6 +44,11 @@ type gpu struct {
 	lastTick     time.Time
 	queued       float64       // ns of the previous owner's work that may still run ahead of the owner's
 	sinceRecon   time.Duration // measured time since charges were last trued up
+
+	active  []*member // members looked at every tick: busy, waiting or owning
+	cursor  int       // where the next round of idle polls starts in members
+	dirty   bool      // plan again: busy states, settings or members changed
+	longest float64   // the largest cost per ticket among members, ns
 }
 
 // member is one container on one device.
@@ -51,6 +61,8 @@ type member struct {
 	lastTake   time.Time // when it last took a ticket
 	waiting    bool      // a launch waits at the gate
 	busy       bool
+	active     bool      // in gpu.active
+	creditAt   time.Time // credit is earned up to here (an idle member's lazily)
 
 	target float64 // share, 0-1
 	borrow bool
@@ -74,7 +86,41 @@ type member struct {
 
 func newMember(c *container, dev int, now time.Time) *member {
 	i := c.usage.Issued(dev)
-	return &member{c: c, dev: dev, lastIssued: i, charged: i, measIssued: i, lastTake: now.Add(-busyHold), probe: probeStart}
+	return &member{c: c, dev: dev, lastIssued: i, charged: i, measIssued: i, lastTake: now.Add(-busyHold),
+		probe: probeStart, creditAt: now}
+}
+
+// add makes m a member, looked at from the next tick.
+func (g *gpu) add(m *member) {
+	g.members = append(g.members, m)
+	g.activate(m)
+}
+
+// remove forgets m.
+func (g *gpu) remove(m *member) {
+	g.members = without(g.members, m)
+	g.active = without(g.active, m)
+	if g.owner == m {
+		g.owner = nil
+	}
+	g.dirty = true
+}
+
+func without(ms []*member, m *member) []*member {
+	for i, x := range ms {
+		if x == m {
+			return append(ms[:i], ms[i+1:]...)
+		}
+	}
+	return ms
+}
+
+func (g *gpu) activate(m *member) {
+	if !m.active {
+		m.active = true
+		g.active = append(g.active, m)
+		g.dirty = true
+	}
 }
 
 func (m *member) costNs() float64 {
@@ -84,8 +130,17 @@ func (m *member) costNs() float64 {
 	return priorCostNs
 }
 
-// plan computes the effective policy and each member's share.
+// plan computes the effective policy and each member's share, and sets or
+// lifts the gates to match; idle members' credit is settled first, at the
+// targets it was earned at.
 func (g *gpu) plan(now time.Time, cfg Config) {
+	slice := g.sliceLen(cfg)
+	for _, m := range g.members {
+		if !m.active {
+			m.settle(now, slice, cfg)
+		}
+	}
+	g.dirty = false
 	cs := make([]policy.Container, len(g.members))
 	for i, m := range g.members {
 		e := m.c.eff
@@ -100,14 +155,19 @@ func (g *gpu) plan(now time.Time, cfg Config) {
 	shares := policy.Shares(g.eff, g.settings.MaxInst, cs)
 	for i, m := range g.members {
 		m.target, m.borrow = shares[i].Target, shares[i].Borrow
+		m.c.setGate(g.dev, g.eff.Gated())
 	}
 }
 
-// applyGates sets or lifts every member's gate on this device.
-func (g *gpu) applyGates() {
-	for _, m := range g.members {
-		m.c.setGate(g.dev, g.eff.Gated())
+// settle adds the credit an idle member earned since creditAt: what a tick
+// at a time would have given it (an idle member pays nothing and holds at
+// most a slice).
+func (m *member) settle(now time.Time, slice float64, cfg Config) {
+	m.credit = min(max(m.credit+m.target*float64(now.Sub(m.creditAt)), -2*slice), slice)
+	if m.target >= 1 {
+		m.credit = max(m.credit, float64(cfg.Tick))
 	}
+	m.creditAt = now
 }
 
 // measure takes a new reading of busy ns per container, dt after the last.
@@ -117,6 +177,12 @@ func (g *gpu) measure(busy map[string]uint64, dt time.Duration) {
 	}
 	decay := math.Exp(-float64(dt) / float64(costTau))
 	alpha := 1 - math.Exp(-float64(dt)/float64(shareTau))
+	defer func() {
+		g.longest = 0
+		for _, m := range g.members {
+			g.longest = max(g.longest, m.costNs())
+		}
+	}()
 	for _, m := range g.members {
 		b := busy[m.c.key]
 		if !m.haveBusy || b < m.lastBusy { // first reading: the windows start here
@@ -181,6 +247,62 @@ func (g *gpu) ownerIdle(now time.Time, cfg Config) bool {
 	return !m.waiting && now.Sub(m.lastTake) > min(after, 200*time.Millisecond)
 }
 
+// observe reads a member's gate: the tickets it took and whether a launch
+// waits. It says whether the member's busy state changed.
+func (g *gpu) observe(m *member, now time.Time) bool {
+	issued, grant := m.c.usage.Issued(g.dev), m.c.limits.Grant(g.dev)
+	if issued < m.lastIssued { // a new ledger: start counting again
+		m.lastIssued, m.charged, m.measIssued = issued, issued, issued
+	}
+	// A ticket counts as taken when its launch passes the gate: a launch
+	// that waited since long ago has only now begun.
+	if issued > m.lastIssued || m.waiting {
+		m.lastTake = now
+	}
+	m.lastIssued = max(m.lastIssued, issued)
+	m.waiting = issued > grant
+	was := m.busy
+	m.busy = m.waiting || now.Sub(m.lastTake) < busyHold
+	return m.busy != was
+}
+
+// pollIdle looks at the next idle members in turn; one that took a ticket
+// or waits becomes active. A launch after idling waits at most about
+// Config.IdlePoll (a tick where a GPU has fewer than idleBatch members).
+func (g *gpu) pollIdle(now time.Time, cfg Config) {
+	n := len(g.members)
+	k := min(n, max(idleBatch, int(math.Ceil(float64(n)*float64(cfg.Tick)/float64(cfg.IdlePoll)))))
+	for i := 0; i < k; i++ {
+		m := g.members[(g.cursor+i)%n]
+		if m.active {
+			continue
+		}
+		issued := m.lastIssued
+		g.observe(m, now)
+		if m.waiting || m.lastIssued != issued || m.busy {
+			m.settle(now, g.sliceLen(cfg), cfg)
+			g.activate(m)
+		}
+	}
+	g.cursor = (g.cursor + k) % n
+}
+
+// deactivate drops members that neither use the device nor wait from the
+// every-tick set.
+func (g *gpu) deactivate(now time.Time) {
+	keep := g.active[:0]
+	for _, m := range g.active {
+		if m.busy || m.waiting || m == g.owner {
+			keep = append(keep, m)
+			continue
+		}
+		m.active, m.creditAt = false, now
+		g.dirty = true
+	}
+	clear(g.active[len(keep):])
+	g.active = keep
+}
+
 // tick observes the gates, charges credit, picks the slice's owner and
 // releases its tickets.
 func (g *gpu) tick(now time.Time, cfg Config) {
@@ -190,24 +312,18 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 		g.owner = nil
 		return
 	}
-	for _, m := range g.members {
-		issued, grant := m.c.usage.Issued(g.dev), m.c.limits.Grant(g.dev)
-		if issued < m.lastIssued { // a new ledger: start counting again
-			m.lastIssued, m.charged, m.measIssued = issued, issued, issued
+	for _, m := range g.active {
+		if g.observe(m, now) {
+			g.dirty = true
 		}
-		// A ticket counts as taken when its launch passes the gate: a launch
-		// that waited since long ago has only now begun.
-		if issued > m.lastIssued || m.waiting {
-			m.lastTake = now
-		}
-		m.lastIssued = max(m.lastIssued, issued)
-		m.waiting = issued > grant
-		m.busy = m.waiting || now.Sub(m.lastTake) < busyHold
 	}
-	g.plan(now, cfg)
-	g.applyGates()
+	g.pollIdle(now, cfg)
+	if g.dirty {
+		g.plan(now, cfg)
+	}
 	if !g.eff.Gated() {
 		g.owner = nil
+		g.deactivate(now)
 		return
 	}
 
@@ -216,7 +332,7 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 	// for what it took beyond it (work that runs into the next slice);
 	// others pay for tickets they take outside a slice.
 	slice := g.sliceLen(cfg)
-	for _, m := range g.members {
+	for _, m := range g.active {
 		took := float64(m.lastIssued-m.charged) * m.costNs()
 		m.charged = m.lastIssued
 		charge := took
@@ -231,7 +347,8 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 		if m.busy {
 			hi = slice * float64(len(g.members)+1)
 		}
-		m.credit = min(max(m.credit+m.target*dt-charge, -2*slice), hi)
+		m.credit = min(max(m.credit+m.target*float64(now.Sub(m.creditAt))-charge, -2*slice), hi)
+		m.creditAt = now
 		if m.target >= 1 { // entitled to the whole device: it owes nothing
 			m.credit = max(m.credit, float64(cfg.Tick))
 		}
@@ -242,7 +359,7 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 	// container with the most (positive) credit takes the device.
 	o := g.owner
 	highWaits := false
-	for _, m := range g.members {
+	for _, m := range g.active {
 		if m.c.eff.High && m.waiting && m.credit > 0 {
 			highWaits = true
 		}
@@ -256,6 +373,7 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 	} else if o == nil {
 		g.begin(g.pick(nil, now, cfg), now, cfg)
 	}
+	defer g.deactivate(now)
 	if g.owner == nil {
 		return
 	}
@@ -265,7 +383,7 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 	// the tickets it takes.
 	if o := g.owner; o.borrow && !o.waiting {
 		var b *member
-		for _, m := range g.members {
+		for _, m := range g.active {
 			if m != o && m.waiting && (b == nil || m.credit > b.credit) {
 				b = m
 			}
@@ -285,7 +403,7 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 func (g *gpu) pick(cur *member, now time.Time, cfg Config) *member {
 	var cands []*member
 	high := false
-	for _, m := range g.members {
+	for _, m := range g.active {
 		if m.waiting || (m == cur && !g.ownerIdle(now, cfg)) {
 			cands = append(cands, m)
 			if m.c.eff.High && m.credit > 0 {
@@ -345,11 +463,7 @@ func (g *gpu) begin(m *member, now time.Time, cfg Config) {
 // long, so that a slice holds several of them (the device would otherwise
 // switch, and wait for the previous owner's last kernel, every kernel or two).
 func (g *gpu) sliceLen(cfg Config) float64 {
-	l := float64(cfg.Slice)
-	for _, m := range g.members {
-		l = max(l, 4*m.costNs())
-	}
-	return l
+	return max(float64(cfg.Slice), 4*g.longest)
 }
 
 func (g *gpu) release(o *member, now time.Time, cfg Config) {

@@ -52,6 +52,7 @@ type Config struct {
 	Measure   time.Duration // how often Source is read (default 100ms)
 	Heartbeat time.Duration // how often heartbeats are written (default 100ms)
 	Ledger    time.Duration // how often ledgers are read for claims and throttled time (default 500ms)
+	IdlePoll  time.Duration // how often, at most, an idle container's gate is looked at (default 100ms; every tick on GPUs shared by fewer than 64)
 }
 
 func (c *Config) defaults() {
@@ -66,6 +67,7 @@ func (c *Config) defaults() {
 	def(&c.Measure, 100*time.Millisecond)
 	def(&c.Heartbeat, 100*time.Millisecond)
 	def(&c.Ledger, 500*time.Millisecond)
+	def(&c.IdlePoll, 100*time.Millisecond)
 }
 
 // Settings are a container's compute settings.
@@ -118,6 +120,10 @@ type Scheduler struct {
 	lastMeas   time.Time
 	lastBeat   time.Time
 	lastLedger time.Time
+	// ledgerRound counts ledger rounds; unclaimed holds the containers
+	// whose settings come from claims their ledger does not hold yet.
+	ledgerRound int
+	unclaimed   map[string]*container
 }
 
 type container struct {
@@ -133,12 +139,23 @@ type container struct {
 	totals     controlblock.ProcTotals // throttled time over processes that came and went
 	reserved   [controlblock.MaxDevices]uint64
 	pids       []uint32
+	members    []*member // one per device
+}
+
+// active says the container uses or waits for one of its GPUs.
+func (c *container) active() bool {
+	for _, m := range c.members {
+		if m.active {
+			return true
+		}
+	}
+	return false
 }
 
 // New makes a scheduler; Start runs it.
 func New(cfg Config) *Scheduler {
 	cfg.defaults()
-	return &Scheduler{cfg: cfg, containers: map[string]*container{}, gpus: map[int]*gpu{}}
+	return &Scheduler{cfg: cfg, containers: map[string]*container{}, gpus: map[int]*gpu{}, unclaimed: map[string]*container{}}
 }
 
 func validate(st Settings) error {
@@ -180,11 +197,12 @@ func (s *Scheduler) AddContainer(key string, limits *controlblock.LimitsFile, us
 			g = &gpu{dev: d, lastTick: now}
 			s.gpus[d] = g
 		}
-		g.members = append(g.members, newMember(c, d, now))
+		m := newMember(c, d, now)
+		c.members = append(c.members, m)
+		g.add(m)
 	}
 	for _, d := range devices {
 		s.gpus[d].plan(now, s.cfg)
-		s.gpus[d].applyGates()
 	}
 	return nil
 }
@@ -199,23 +217,21 @@ func (s *Scheduler) RemoveContainer(key string) error {
 	}
 	c.setGates(0)
 	delete(s.containers, key)
+	delete(s.unclaimed, key)
 	for _, d := range c.devices {
 		g := s.gpus[d]
-		for i, m := range g.members {
+		for _, m := range g.members {
 			if m.c == c {
-				g.members = append(g.members[:i], g.members[i+1:]...)
+				g.remove(m)
 				break
 			}
-		}
-		if g.owner != nil && g.owner.c == c {
-			g.owner = nil
 		}
 	}
 	return nil
 }
 
-// SetContainer changes a container's weight, cap or priority; it applies at
-// the next tick.
+// SetContainer changes a container's weight, cap or priority; targets change
+// at once, grants from the next tick.
 func (s *Scheduler) SetContainer(key string, st Settings) error {
 	if err := validate(st); err != nil {
 		return fmt.Errorf("set %s: %w", key, err)
@@ -228,10 +244,14 @@ func (s *Scheduler) SetContainer(key string, st Settings) error {
 	}
 	c.settings = st
 	s.readLedger(c)
+	for _, d := range c.devices {
+		s.gpus[d].plan(time.Now(), s.cfg)
+	}
 	return nil
 }
 
-// SetGPU changes a GPU's policy or max_inst; it applies at the next tick.
+// SetGPU changes a GPU's policy or max_inst; targets change at once,
+// grants from the next tick.
 func (s *Scheduler) SetGPU(dev int, gs GPUSettings) error {
 	if gs.PolicySet && !gs.Policy.Valid() {
 		return fmt.Errorf("set gpu %d: %v is not a policy", dev, gs.Policy)
@@ -251,7 +271,6 @@ func (s *Scheduler) SetGPU(dev int, gs GPUSettings) error {
 	}
 	g.settings = gs
 	g.plan(time.Now(), s.cfg)
-	g.applyGates()
 	return nil
 }
 
@@ -355,11 +374,19 @@ func (s *Scheduler) tick(now time.Time, busy map[int]map[string]uint64) {
 	if full {
 		s.lastLedger = now
 	}
-	for _, c := range s.containers {
-		// A new ledger may not hold its claims yet: read it every tick until it does.
-		if full || (c.settings.FromClaims && !c.claimsSeen) {
-			s.readLedger(c)
+	if full {
+		// Ledgers of containers that use no GPU now change little: every
+		// 4th round.
+		s.ledgerRound++
+		for _, c := range s.containers {
+			if s.ledgerRound%4 == 0 || c.active() {
+				s.readLedger(c)
+			}
 		}
+	}
+	// A new ledger may not hold its claims yet: read it every tick until it does.
+	for _, c := range s.unclaimed {
+		s.readLedger(c)
 	}
 	if busy != nil {
 		dt := now.Sub(s.lastMeas)
@@ -376,14 +403,25 @@ func (s *Scheduler) tick(now time.Time, busy map[int]map[string]uint64) {
 	}
 	if now.Sub(s.lastBeat) >= s.cfg.Heartbeat {
 		s.lastBeat = now
+		beat := controlblock.MonotonicNs()
 		for _, c := range s.containers {
-			c.limits.Heartbeat()
+			c.limits.HeartbeatAt(beat)
 		}
 	}
 }
 
-// readLedger refreshes claims, per-device reservations, pids and throttled time.
+// readLedger refreshes claims, per-device reservations, pids and throttled
+// time; where settings in force or presence on a device change, that GPU
+// plans again.
 func (s *Scheduler) readLedger(c *container) {
+	eff, reserved := c.eff, c.reserved
+	defer func() {
+		for _, d := range c.devices {
+			if g := s.gpus[d]; g != nil && (c.eff != eff || (c.reserved[d] > 0) != (reserved[d] > 0)) {
+				g.dirty = true
+			}
+		}
+	}()
 	snap, err := c.usage.Snapshot()
 	if err != nil {
 		c.eff = c.settings
@@ -394,6 +432,11 @@ func (s *Scheduler) readLedger(c *container) {
 	}
 	c.eff = c.settings
 	c.claimsSeen = snap.ClaimWeight > 0
+	if c.settings.FromClaims && !c.claimsSeen {
+		s.unclaimed[c.key] = c
+	} else {
+		delete(s.unclaimed, c.key)
+	}
 	if c.settings.FromClaims {
 		c.eff = Settings{Weight: int(max(snap.ClaimWeight, 1)), CapPercent: int(snap.ClaimComputeLimit),
 			High: snap.ClaimPriority == controlblock.PriorityHigh}

@@ -231,3 +231,27 @@ func TestNativeAndStop(t *testing.T) {
 	s = shares(t, r, 200*time.Millisecond, 800*time.Millisecond)
 	within(t, "a+b after Stop", s["a"]+s["b"], 0.6, 1.01)
 }
+
+// TestWakesAmongManyIdle: on a GPU shared by more containers than the
+// scheduler looks at every tick, one that wakes up after idling is noticed
+// and given the device it alone uses.
+func TestWakesAmongManyIdle(t *testing.T) {
+	r := start(t, scheduler.GPUSettings{Policy: policy.Preemptive, PolicySet: true})
+	spawn(t, r, simrun.Container{Name: "a", Args: append([]string{"--start-after", "1"}, busyWork(3)...),
+		Settings: scheduler.Settings{Weight: 1}})
+	if err := r.AddIdle("a", 300); err != nil {
+		t.Fatal(err)
+	}
+	res, err := r.Wait("a", 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Alone on the device it gets nearly all of it; a container never
+	// noticed would not finish at all.
+	within(t, "a's device busy ratio", res["device_busy_ratio"], 0.8, 1.01)
+	for _, st := range r.Sched.Status() {
+		if st.Key == "a" && st.Launches == 0 {
+			t.Errorf("a took no tickets: %+v", st)
+		}
+	}
+}

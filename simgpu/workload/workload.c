@@ -6,9 +6,12 @@
  *   workload [--alloc 1Gi] [--steps N | --seconds S] [--kernels 8] [--kernel-ns 100000]
  *            [--batch 32] [--device 0] [--resolve direct|procaddr] [--graph]
  *            [--sync-every-launch] [--hold] [--label NAME] [--launch-cost N] [--try-alloc SIZE]
+ *            [--start-after S]
  *
  * --try-alloc asks for SIZE more after --alloc and goes on whether or not it
- * gets it, printing "try-alloc <result>": an over-quota attempt.
+ * gets it, printing "try-alloc <result>": an over-quota attempt. --start-after
+ * holds the context idle for S seconds before the loop (a container that
+ * wakes up); --seconds counts from then.
  */
 #define _GNU_SOURCE /* RUSAGE_THREAD */
 #include <dlfcn.h>
@@ -123,7 +126,7 @@ static unsigned long long parse_size(const char *s) {
 int main(int argc, char **argv) {
     unsigned long long alloc = 0, kernel_ns = 100000, try_alloc = 0;
     long steps = 0, kernels = 8, batch = 32, launch_cost = 0;
-    double seconds = 0;
+    double seconds = 0, start_after = 0;
     int device = 0, graph = 0, sync_each = 0, hold = 0;
     const char *resolve = "direct", *label = "workload";
     for (int i = 1; i < argc; i++) {
@@ -140,6 +143,7 @@ int main(int argc, char **argv) {
         else if (OPT("--label")) label = v;
         else if (OPT("--launch-cost")) launch_cost = atol(v);
         else if (OPT("--try-alloc")) try_alloc = parse_size(v);
+        else if (OPT("--start-after")) start_after = atof(v);
         else if (!strcmp(a, "--graph")) graph = 1;
         else if (!strcmp(a, "--sync-every-launch")) sync_each = 1;
         else if (!strcmp(a, "--hold")) hold = 1;
@@ -209,6 +213,10 @@ int main(int argc, char **argv) {
         for (long k = 0; k < kernels; k++) CHECK(cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, stream, params, NULL));
         CHECK(cu.cuStreamEndCapture(stream, &g));
         CHECK(cu.cuGraphInstantiateWithFlags(&exec, g, 0));
+    }
+    if (start_after > 0) {
+        struct timespec idle = {(time_t)start_after, (long)((start_after - (double)(time_t)start_after) * 1e9)};
+        nanosleep(&idle, NULL);
     }
     double start = now_s(), end = start, cpu0 = thread_cpu_s();
     long done = 0;

@@ -10,6 +10,7 @@ import (
 	"bufio"
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
@@ -67,6 +69,7 @@ type Run struct {
 	mu      sync.Mutex
 	procs   map[string]*proc
 	pending []Container
+	idle    []io.Closer // AddIdle's files
 }
 
 type proc struct {
@@ -209,6 +212,46 @@ func (r *Run) Spawn(c Container) error {
 	return nil
 }
 
+// AddIdle puts n more containers on device 0 that never launch: copies of
+// the ledger of container from (made with Spawn), each with its own control
+// directory. Many idle containers cost the scheduler what many real ones
+// would, without a process each.
+func (r *Run) AddIdle(from string, n int) error {
+	b, err := os.ReadFile(controlblock.UsagePath(r.ctl(from), r.key))
+	if err != nil {
+		return err
+	}
+	// No processes: the source must not take the original's for a copy's.
+	clear(b[unsafe.Offsetof(controlblock.Usage{}.Slots):])
+	for i := 0; i < n; i++ {
+		name := fmt.Sprintf("%s-idle-%d", from, i)
+		ctl := r.ctl(name)
+		if err := os.MkdirAll(filepath.Join(ctl, r.key), 0o755); err != nil {
+			return err
+		}
+		if err := os.WriteFile(controlblock.UsagePath(ctl, r.key), b, 0o644); err != nil {
+			return err
+		}
+		l, err := controlblock.CreateLimits(controlblock.LimitsPath(ctl, r.key),
+			controlblock.LimitsConfig{GateMask: 1, GraceNs: uint64(60 * time.Second), NDev: uint32(max(r.M.Devices, 1))})
+		if err != nil {
+			return err
+		}
+		u, err := controlblock.OpenUsage(controlblock.UsagePath(ctl, r.key))
+		if err != nil {
+			l.Close()
+			return err
+		}
+		r.mu.Lock()
+		r.idle = append(r.idle, l, u)
+		r.mu.Unlock()
+		if err := r.Sched.AddContainer(name, l, u, []int{0}, scheduler.Settings{Weight: 1}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // Wait waits for a container's workload and returns its BENCH figures by
 // name suffix ("images_per_sec", ...).
 func (r *Run) Wait(name string, timeout time.Duration) (map[string]float64, error) {
@@ -271,6 +314,9 @@ func (r *Run) Close() {
 		if p.limits != nil {
 			p.limits.Close()
 		}
+	}
+	for _, f := range r.idle {
+		f.Close()
 	}
 	r.reader.Close()
 	os.RemoveAll(r.root)

@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -38,10 +39,34 @@ type GPUChange struct {
 	MaxInst *int    `json:"maxInst,omitempty"`
 }
 
-// ChangeResult is every change's answer.
+// ChangeResult is every change's answer. InForce lists the shares the
+// scheduler holds the containers on the GPUs concerned to once the change
+// is made: a
+// change is in force when the answer comes (grants follow on the next
+// tick, 5 ms); metrics show it within the collector's 1 s view.
 type ChangeResult struct {
-	Container string   `json:"container,omitempty"`
-	Warnings  []string `json:"warnings,omitempty"`
+	Container string    `json:"container,omitempty"`
+	Warnings  []string  `json:"warnings,omitempty"`
+	InForce   []InForce `json:"inForce,omitempty"`
+}
+
+// InForce is one container's share on one GPU.
+type InForce struct {
+	Container string  `json:"container"`
+	GPU       int     `json:"gpu"`
+	Policy    string  `json:"policy"`
+	Target    float64 `json:"target"`
+}
+
+// inForce reports the scheduler's targets for every container on the GPUs.
+func (e *enforcement) inForce(devs ...int) []InForce {
+	var out []InForce
+	for _, st := range e.s.Status() {
+		if slices.Contains(devs, st.Device) {
+			out = append(out, InForce{Container: st.Key, GPU: st.Device, Policy: st.Policy.String(), Target: st.Target})
+		}
+	}
+	return out
 }
 
 func (e *enforcement) register(mux *http.ServeMux, token string) {
@@ -235,6 +260,7 @@ func (e *enforcement) apply(m *member, ch ContainerChange) (ChangeResult, error)
 		}
 		s.Containers[m.dir] = sc
 	})
+	res.InForce = e.inForce(m.devices...)
 	return res, err
 }
 
@@ -284,5 +310,5 @@ func (e *enforcement) changeGPU(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	writeJSON(w, ChangeResult{})
+	writeJSON(w, ChangeResult{InForce: e.inForce(dev)})
 }

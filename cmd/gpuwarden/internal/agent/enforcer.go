@@ -104,10 +104,11 @@ func (e *enforcement) loop(ctx context.Context) {
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
 	// New containers are taken on every round; bypasses and annotations,
-	// which need the whole view (a scrape's work), every 4th.
+	// which need the whole view (a scrape's work: 70 ms of CPU at 1,000
+	// containers), every 8th.
 	for round := 0; ; round++ {
 		e.discover()
-		if round%4 == 0 {
+		if round%8 == 0 {
 			v := e.a.coll.View(ctx)
 			e.applyAnnotations(ctx, v)
 			e.checkBypass(v)
