@@ -95,3 +95,41 @@ func TestBusyProcessesShareDeviceTime(t *testing.T) {
 		t.Errorf("together the processes kept the device %.2f busy, want 0.75-1.05", sum)
 	}
 }
+
+// A process killed while it waits for the engine leaves nothing behind: the
+// next process alone on the device gets all of it (a leaked waiter would
+// make the engine wait for a hand-over after every kernel).
+func TestKilledWaiterLeavesEngineFree(t *testing.T) {
+	m := simtest.NewMachine(t, 1, "16Gi")
+	workload := simtest.Bin(t, "simgpu/workload")
+	// Kernels of 100 ms: at any moment one process runs and the others wait.
+	long := []string{"--seconds", "30", "--kernels", "1", "--kernel-ns", "100000000"}
+	var procs []*simtest.Proc
+	for i := 0; i < 3; i++ {
+		p := simtest.Start(t, m.Command(workload, long...))
+		p.WaitLine(t, "ready", 10*time.Second)
+		procs = append(procs, p)
+	}
+	time.Sleep(500 * time.Millisecond)
+	for _, p := range procs {
+		if err := p.Cmd.Process.Kill(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, p := range procs {
+		_, _ = p.Wait()
+	}
+	alone := simtest.Start(t, m.Command(workload, "--seconds", "1", "--kernels", "4", "--kernel-ns", "2000000"))
+	out, err := alone.Wait()
+	if err != nil {
+		t.Fatalf("workload: %v: %s", err, alone.Stderr())
+	}
+	mm := busyRe.FindStringSubmatch(out)
+	if mm == nil {
+		t.Fatalf("no busy ratio in %q", out)
+	}
+	// Without the waiter's count taken back: about 0.5.
+	if s, _ := strconv.ParseFloat(mm[2], 64); s < 0.8 {
+		t.Errorf("alone after the kill the process kept the device %.2f busy, want over 0.8", s)
+	}
+}

@@ -184,6 +184,10 @@ static void release_slot(struct sg_state *s, struct sg_proc *p) {
         if (m) atomic_fetch_sub(&s->dev[d].used_mem, m);
         atomic_store(&p->contexts[d], 0);
         atomic_store(&p->busy[d].running_since, 0);
+        /* A process killed while it waited for the engine: others must not
+         * keep handing the engine over to it. */
+        uint32_t w = atomic_exchange(&p->exec_waiting[d], 0);
+        if (w) atomic_fetch_sub(&s->dev[d].exec_waiters, w);
     }
     atomic_store(&p->state, SG_PROC_FREE);
 }
@@ -224,6 +228,7 @@ static struct sg_proc *claim_slot(struct sg_state *s) {
         for (int d = 0; d < SG_MAX_DEVICES; d++) {
             atomic_store(&p->mem[d], 0);
             atomic_store(&p->contexts[d], 0);
+            atomic_store(&p->exec_waiting[d], 0);
             memset(&p->busy[d], 0, sizeof p->busy[d]);
         }
         atomic_store(&p->state, SG_PROC_LIVE);
@@ -288,9 +293,11 @@ void sg_mem_uncharge(struct sg_state *s, int dev, uint64_t bytes) {
     if (me) atomic_fetch_sub(&me->mem[dev], bytes);
 }
 
-static void futex_wait(_Atomic uint32_t *word, uint32_t val, long timeout_ns) {
+/* Returns 0 when woken (or the word had changed), -1 on timeout. */
+static int futex_wait(_Atomic uint32_t *word, uint32_t val, long timeout_ns) {
     struct timespec ts = {0, timeout_ns};
-    syscall(SYS_futex, word, FUTEX_WAIT, val, &ts, NULL, 0);
+    if (syscall(SYS_futex, word, FUTEX_WAIT, val, &ts, NULL, 0) == 0) return 0;
+    return errno == ETIMEDOUT ? -1 : 0;
 }
 
 static void futex_wake_all(_Atomic uint32_t *word) {
@@ -350,8 +357,13 @@ void sg_exec_kernel(struct sg_state *s, int dev, uint64_t duration_ns) {
     }
     struct sg_device *d = &s->dev[dev];
     struct sg_proc *me = sg_proc_self(s);
+    /* Counted on the device, then in the process's slot (and uncounted in
+     * the reverse order), so that reaping a process killed in between never
+     * takes off more than it added. */
     atomic_fetch_add(&d->exec_waiters, 1);
+    if (me) atomic_fetch_add(&me->exec_waiting[dev], 1);
     int rc = pthread_mutex_lock(&d->exec_lock);
+    if (me) atomic_fetch_sub(&me->exec_waiting[dev], 1);
     atomic_fetch_sub(&d->exec_waiters, 1);
     if (rc == EOWNERDEAD) {
         /* The previous holder died mid-kernel; its time ends here. */
@@ -370,8 +382,9 @@ void sg_exec_kernel(struct sg_state *s, int dev, uint64_t duration_ns) {
     futex_wake_all(&d->exec_turn);
     /* Hand the engine over: a GPU time-slices between contexts, so a process
      * with more work queued must not take the engine straight back. */
-    if (atomic_load(&d->exec_waiters) > 0 && atomic_load(&d->exec_turn) == turn)
-        futex_wait(&d->exec_turn, turn, 2000000);
+    if (atomic_load(&d->exec_waiters) > 0 && atomic_load(&d->exec_turn) == turn &&
+        futex_wait(&d->exec_turn, turn, 2000000) < 0 && atomic_load(&d->exec_turn) == turn)
+        sg_reap_dead(s); /* nobody took it: the waiter may have been killed */
 }
 
 unsigned sg_busy_percent(const struct sg_busy *b, uint64_t since_us, uint64_t *now_us_out) {

@@ -15,7 +15,7 @@
 #include <sys/types.h>
 
 #define SG_MAGIC 0x5347505553544154ull /* "SGPUSTAT" */
-#define SG_VERSION 2
+#define SG_VERSION 3
 #define SG_MAX_DEVICES 8
 #define SG_MAX_PROCS 256
 #define SG_SAMPLES 384                 /* utilization history per process and device: */
@@ -46,6 +46,7 @@ struct sg_proc {
     uint64_t pidns;          /* inode of its pid namespace: pids mean something only there */
     _Atomic uint64_t mem[SG_MAX_DEVICES];      /* device bytes held, contexts included */
     _Atomic uint32_t contexts[SG_MAX_DEVICES]; /* live contexts per device */
+    _Atomic uint32_t exec_waiting[SG_MAX_DEVICES]; /* its threads in sg_device.exec_waiters */
     struct sg_busy busy[SG_MAX_DEVICES];
 };
 
