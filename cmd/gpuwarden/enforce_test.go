@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpuwarden/gpuwarden/collector"
+	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
 
@@ -100,6 +101,28 @@ func TestAgentEnforcesWeightsAndHotChanges(t *testing.T) {
 	agent.Stop(t)
 	again := simtest.StartAgent(t, m, "GPUWARDEN_CONTROL_DIR="+agent.ControlDir, "GPUWARDEN_ENFORCEMENT_STATE_FILE="+agent.StateFile)
 	wantTargets(t, again, 10*time.Second, map[*simtest.Cgroup]float64{a: 0.25, b: 0.75})
+}
+
+// TestAgentSetsGracePeriod: every limits file the agent manages carries
+// enforcement.gracePeriod, the time the interposer keeps the budgets of an
+// agent that stopped answering.
+func TestAgentSetsGracePeriod(t *testing.T) {
+	simtest.RequirePrivileged(t, "eBPF and cgroups")
+	m := simtest.NewMachine(t, 1, "16Gi")
+	agent := simtest.StartAgent(t, m, "GPUWARDEN_ENFORCEMENT_GRACE_PERIOD=3s")
+	cg := startEnforced(t, m, agent, "grace")
+	path := controlblock.LimitsPath(agent.ControlDir, controlblock.ContainerKey(cg.Rel))
+	simtest.Eventually(t, 10*time.Second, func() error {
+		l, err := controlblock.OpenLimits(path)
+		if err != nil {
+			return err
+		}
+		defer l.Close()
+		if g := l.Config().GraceNs; g != uint64(3*time.Second) {
+			return fmt.Errorf("grace %v, want 3s", time.Duration(g))
+		}
+		return nil
+	})
 }
 
 func TestCtlRefusesBadChanges(t *testing.T) {

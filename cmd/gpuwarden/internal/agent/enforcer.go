@@ -238,9 +238,14 @@ func (e *enforcement) open(dir string, u *controlblock.UsageSnapshot) (*member, 
 	if err != nil {
 		return nil, err
 	}
-	if mem, ok := e.settings.memory(dir); ok {
-		lf.Update(func(c *controlblock.LimitsConfig) { c.MemLimit = mem })
-	}
+	grace := uint64(e.a.cfg.Enforcement.GracePeriod)
+	mem, memSet := e.settings.memory(dir)
+	lf.Update(func(c *controlblock.LimitsConfig) {
+		c.GraceNs = grace
+		if memSet {
+			c.MemLimit = mem
+		}
+	})
 	uf, err := controlblock.OpenUsage(controlblock.UsagePath(cd, dir))
 	if err != nil {
 		lf.Close()

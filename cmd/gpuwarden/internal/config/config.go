@@ -40,10 +40,11 @@ type Config struct {
 		Library string `mapstructure:"library"`
 	} `mapstructure:"nvml"`
 	Enforcement struct {
-		Enabled      bool   `mapstructure:"enabled"`
-		OnBypass     string `mapstructure:"onBypass"`
-		APITokenFile string `mapstructure:"apiTokenFile"`
-		StateFile    string `mapstructure:"stateFile"`
+		Enabled      bool          `mapstructure:"enabled"`
+		OnBypass     string        `mapstructure:"onBypass"`
+		APITokenFile string        `mapstructure:"apiTokenFile"`
+		StateFile    string        `mapstructure:"stateFile"`
+		GracePeriod  time.Duration `mapstructure:"gracePeriod"`
 	} `mapstructure:"enforcement"`
 	Kubelet struct {
 		PodResourcesSocket string `mapstructure:"podResourcesSocket"`
@@ -101,6 +102,7 @@ var options = []option{
 	{"enforcement.onBypass", "report", "", "what to do with a cgroup that uses a GPU without the interposer: report, or freeze it (cgroup.freeze)"},
 	{"enforcement.apiTokenFile", "/run/gpuwarden-agent/token", "", "the token `gpuwarden ctl` must present to change limits (made at start, mode 0600); changes are taken only from loopback"},
 	{"enforcement.stateFile", "/var/lib/gpuwarden/settings.json", "", "where changes made with `gpuwarden ctl` are kept, so they outlive an agent restart"},
+	{"enforcement.gracePeriod", 10 * time.Second, "", "how long the interposer keeps the last launch budgets after the agent stops answering, before it runs ungated (1s-1h; memory limits hold regardless)"},
 	{"kubelet.podResourcesSocket", "/var/lib/kubelet/pod-resources/kubelet.sock", "", "the kubelet's pod-resources socket, for pod and container labels; a missing socket means no Kubernetes labels"},
 	{"devicePlugin.enabled", false, "", "serve the kubelet device plugin: gpuwarden.io/gpu (slots) and gpuwarden.io/gpu-memory (GiB) on each GPU"},
 	{"devicePlugin.maxInst", 4, "", "slots (gpuwarden.io/gpu devices) per GPU, 1-128; a slot's memory quota is the GPU's memory / maxInst"},
@@ -273,6 +275,9 @@ func (c Config) Validate() error {
 	}
 	if c.Enforcement.Enabled && (c.Enforcement.APITokenFile == "" || c.Enforcement.StateFile == "") {
 		errs = append(errs, errors.New("enforcement.apiTokenFile and enforcement.stateFile must be set"))
+	}
+	if g := c.Enforcement.GracePeriod; g < time.Second || g > time.Hour {
+		errs = append(errs, fmt.Errorf("enforcement.gracePeriod %v: want 1s-1h (a dead agent must not stop the workloads for long)", g))
 	}
 	if c.Enforcement.OnBypass != "report" && c.Enforcement.OnBypass != "freeze" {
 		errs = append(errs, fmt.Errorf("enforcement.onBypass %q: want report or freeze", c.Enforcement.OnBypass))

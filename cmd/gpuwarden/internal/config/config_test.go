@@ -79,6 +79,8 @@ func TestRefusesBadConfig(t *testing.T) {
 		{"bad duration", "ebpf:\n  launchWindow: soon\n", nil, "launchWindow"},
 		{"window over period", "ebpf:\n  launchWindow: 1m\n", nil, "ebpf.launchWindow"},
 		{"bad bypass action", "enforcement:\n  onBypass: kill\n", nil, `enforcement.onBypass "kill"`},
+		{"grace period 0", "enforcement:\n  gracePeriod: 0s\n", nil, "enforcement.gracePeriod 0s"},
+		{"grace period too long", "", []string{"GPUWARDEN_ENFORCEMENT_GRACE_PERIOD=2h"}, "enforcement.gracePeriod 2h0m0s"},
 		{"bad listen", "", []string{"GPUWARDEN_HTTP_LISTEN=9477"}, "http.listen"},
 		{"bad log level", "", []string{"GPUWARDEN_LOG_LEVEL=loud"}, "log.level"},
 		{"bad bool", "", []string{"GPUWARDEN_EBPF_ENABLED=maybe"}, "ebpf.enabled"},
