@@ -75,6 +75,7 @@ type member struct {
 	measIssued uint64  // tickets at the last measurement
 	lastBusy   uint64
 	haveBusy   bool
+	seen       bool // the source has reported device time for it
 	achieved   float64
 
 	// Since the last reconciliation: what it was charged on estimates, the
@@ -184,7 +185,8 @@ func (g *gpu) measure(busy map[string]uint64, dt time.Duration) {
 		}
 	}()
 	for _, m := range g.members {
-		b := busy[m.c.key]
+		b, ok := busy[m.c.key]
+		m.seen = m.seen || ok
 		if !m.haveBusy || b < m.lastBusy { // first reading: the windows start here
 			m.lastBusy, m.measIssued, m.haveBusy = b, m.lastIssued, true
 			m.provisional, m.held, m.used = 0, 0, 0
@@ -215,9 +217,12 @@ func (g *gpu) measure(busy map[string]uint64, dt time.Duration) {
 // so the idle moments of switching are borne in proportion too, and
 // credit earned at wall time is paid back in full.
 func (g *gpu) reconcile() {
+	// A member the source has never reported (it cannot see its processes)
+	// keeps its estimated charges: measuring nothing is not using nothing.
+	measured := func(m *member) bool { return m.haveBusy && m.seen }
 	var held, used float64
 	for _, m := range g.members {
-		if m.haveBusy {
+		if measured(m) {
 			held += m.held
 			used += m.used
 		}
@@ -229,7 +234,7 @@ func (g *gpu) reconcile() {
 		held = 0 // too long: keep the estimates and start a new window
 	}
 	for _, m := range g.members {
-		if m.haveBusy && held > 0 && used > 0 {
+		if measured(m) && held > 0 && used > 0 {
 			m.credit += m.provisional - m.used*held/used
 		}
 		m.provisional, m.held, m.used = 0, 0, 0
