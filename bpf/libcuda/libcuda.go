@@ -126,16 +126,19 @@ func ParseMaps(data []byte) []MapsEntry {
 
 // Scan reads every process's maps under procRoot (normally /proc) and
 // returns one Mapping per distinct libcuda file (by the first process found
-// mapping it).
+// mapping it). The calling process is left out: the agent maps every
+// container's control block, and its maps would cost more to read than all
+// the others'.
 func Scan(procRoot string) (map[FileID]Mapping, error) {
 	ents, err := os.ReadDir(procRoot)
 	if err != nil {
 		return nil, fmt.Errorf("scan processes: %w", err)
 	}
+	self, _ := os.Readlink(filepath.Join(procRoot, "self")) // our pid as procRoot numbers it
 	found := map[FileID]Mapping{}
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid <= 0 {
+		if err != nil || pid <= 0 || e.Name() == self {
 			continue
 		}
 		data, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "maps"))

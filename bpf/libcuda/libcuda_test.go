@@ -74,7 +74,21 @@ func TestScanFixture(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(proc, "42", "maps"), []byte(maps), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	os.MkdirAll(filepath.Join(proc, "self"), 0o755) // not a pid: ignored
+	// The scanning process (proc/self) is left out, whatever it maps.
+	own := filepath.Join(proc, "43", "root", "opt", "libcuda.so.2")
+	if err := os.MkdirAll(filepath.Dir(own), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(own, []byte("ELF"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	ownMaps := "7f00-7f10 r-xp 00000000 fe:00 10 /opt/libcuda.so.2\n"
+	if err := os.WriteFile(filepath.Join(proc, "43", "maps"), []byte(ownMaps), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("43", filepath.Join(proc, "self")); err != nil {
+		t.Fatal(err)
+	}
 	found, err := Scan(proc)
 	if err != nil {
 		t.Fatal(err)
