@@ -226,18 +226,35 @@ type simState struct {
 
 func openState(t testing.TB, path string) *simState {
 	t.Helper()
+	// The first simgpu process creates the file, then sizes and lays it out
+	// under an exclusive flock: map it only once it is laid out (mapping
+	// past the end of the file would fault).
 	var f *os.File
 	var err error
-	for i := 0; i < 200; i++ {
+	for i := 0; ; i++ {
 		if f, err = os.Open(path); err == nil {
-			break
+			err = syscall.Flock(int(f.Fd()), syscall.LOCK_SH)
+			var st os.FileInfo
+			if err == nil {
+				st, err = f.Stat()
+			}
+			if err == nil && st.Size() >= 4096 {
+				break
+			}
+			if err == nil {
+				err = fmt.Errorf("%s is not laid out yet", path)
+			}
+			f.Close()
+		}
+		if i == 200 {
+			t.Fatal(err)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if err != nil {
-		t.Fatal(err)
-	}
 	defer f.Close()
+	// Unlocked explicitly: the mapping keeps the open file, and with it a
+	// lock, alive after Close.
+	syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
 	mem, err := syscall.Mmap(int(f.Fd()), 0, 4096, syscall.PROT_READ, syscall.MAP_SHARED)
 	if err != nil {
 		t.Fatal(err)
