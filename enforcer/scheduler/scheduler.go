@@ -26,6 +26,10 @@
 // errors do not add up and the shares of device time converge on the
 // targets.
 //
+// What a tick costs: it looks at the containers that use or wait for a GPU,
+// and at idle ones in turns (Config.IdlePoll); shares are planned again only
+// when a container's busy state, settings or presence change.
+//
 // A dead agent never stops the workloads: the loop writes each container's
 // heartbeat; if the agent dies the interposer lets launches through after the
 // limits file's grace period (GraceNs, 10 s by default). Stop and
