@@ -11,6 +11,8 @@ import (
 	"os"
 	"strings"
 	"time"
+
+	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/agent"
 )
 
 const ctlUsage = `usage: gpuwarden ctl [--agent URL] [--token-file FILE] COMMAND
@@ -93,12 +95,7 @@ func (c *ctlClient) set(args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args[1:]); err != nil {
 		return errUsage
 	}
-	var ch struct {
-		MemoryLimit  *string `json:"memoryLimit,omitempty"`
-		Weight       *int    `json:"weight,omitempty"`
-		ComputeLimit *int    `json:"computeLimit,omitempty"`
-		Priority     *string `json:"priority,omitempty"`
-	}
+	var ch agent.ContainerChange
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
 		case "memory-limit":
@@ -129,10 +126,7 @@ func (c *ctlClient) gpu(args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args[1:]); err != nil {
 		return errUsage
 	}
-	var ch struct {
-		Policy  *string `json:"policy,omitempty"`
-		MaxInst *int    `json:"maxInst,omitempty"`
-	}
+	var ch agent.GPUChange
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
 		case "policy":
@@ -165,15 +159,8 @@ func (c *ctlClient) post(path string, body any, stdout io.Writer) error {
 	}
 	defer resp.Body.Close()
 	var res struct {
-		Error     string   `json:"error"`
-		Container string   `json:"container"`
-		Warnings  []string `json:"warnings"`
-		InForce   []struct {
-			Container string  `json:"container"`
-			GPU       int     `json:"gpu"`
-			Policy    string  `json:"policy"`
-			Target    float64 `json:"target"`
-		} `json:"inForce"`
+		Error string `json:"error"`
+		agent.ChangeResult
 	}
 	_ = json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&res)
 	if resp.StatusCode != http.StatusOK {
@@ -201,11 +188,7 @@ func (c *ctlClient) events(stdout io.Writer) error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("agent at %s: %s", c.agent, resp.Status)
 	}
-	var evs []struct {
-		Time                                  time.Time
-		Kind, Cgroup, Namespace, Pod, Message string
-		GPU                                   int
-	}
+	var evs []agent.Event
 	if err := json.NewDecoder(resp.Body).Decode(&evs); err != nil {
 		return fmt.Errorf("agent at %s: bad answer: %w", c.agent, err)
 	}
