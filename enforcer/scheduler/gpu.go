@@ -178,12 +178,6 @@ func (g *gpu) measure(busy map[string]uint64, dt time.Duration) {
 	}
 	decay := math.Exp(-float64(dt) / float64(costTau))
 	alpha := 1 - math.Exp(-float64(dt)/float64(shareTau))
-	defer func() {
-		g.longest = 0
-		for _, m := range g.members {
-			g.longest = max(g.longest, m.costNs())
-		}
-	}()
 	for _, m := range g.members {
 		b, ok := busy[m.c.key]
 		m.seen = m.seen || ok
@@ -201,6 +195,10 @@ func (g *gpu) measure(busy map[string]uint64, dt time.Duration) {
 		}
 		m.achieved += (min(db/float64(dt), 1) - m.achieved) * alpha
 		m.used += db
+	}
+	g.longest = 0
+	for _, m := range g.members {
+		g.longest = max(g.longest, m.costNs())
 	}
 	g.sinceRecon += dt
 	if g.sinceRecon >= reconcileEvery {

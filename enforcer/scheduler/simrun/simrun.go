@@ -127,6 +127,12 @@ func withSource(cfg scheduler.Config, run *Run) *scheduler.Scheduler {
 
 func (r *Run) ctl(name string) string { return filepath.Join(r.root, name) }
 
+// closedGate is a new container's limits: its launches wait until the
+// scheduler grants them, and a stalled test does not let them through.
+func (r *Run) closedGate() controlblock.LimitsConfig {
+	return controlblock.LimitsConfig{GateMask: 1, GraceNs: uint64(60 * time.Second), NDev: uint32(max(r.M.Devices, 1))}
+}
+
 // Limits returns a container's limits file (nil for an ungated one).
 func (r *Run) Limits(name string) *controlblock.LimitsFile {
 	r.mu.Lock()
@@ -170,8 +176,7 @@ func (r *Run) Spawn(c Container) error {
 	p := &proc{done: make(chan struct{})}
 	if !c.Ungated {
 		// Gate closed from the first launch: nothing runs before the scheduler has it.
-		l, err := controlblock.CreateLimits(controlblock.LimitsPath(ctl, r.key),
-			controlblock.LimitsConfig{GateMask: 1, GraceNs: uint64(60 * time.Second), NDev: uint32(max(r.M.Devices, 1))})
+		l, err := controlblock.CreateLimits(controlblock.LimitsPath(ctl, r.key), r.closedGate())
 		if err != nil {
 			return err
 		}
@@ -232,8 +237,7 @@ func (r *Run) AddIdle(from string, n int) error {
 		if err := os.WriteFile(controlblock.UsagePath(ctl, r.key), b, 0o644); err != nil {
 			return err
 		}
-		l, err := controlblock.CreateLimits(controlblock.LimitsPath(ctl, r.key),
-			controlblock.LimitsConfig{GateMask: 1, GraceNs: uint64(60 * time.Second), NDev: uint32(max(r.M.Devices, 1))})
+		l, err := controlblock.CreateLimits(controlblock.LimitsPath(ctl, r.key), r.closedGate())
 		if err != nil {
 			return err
 		}
