@@ -134,69 +134,47 @@ func (p *Probes) Reap(tgid uint32) error {
 // and handle entries, memory pools and primary contexts. It returns how many
 // entries it removed.
 func (p *Probes) CollectGarbage() (int, error) {
-	// alive looks the process up at decision time, not from an earlier list,
+	// seq looks the process up at decision time, not from an earlier list,
 	// so a process that appeared since is never taken for a dead one.
-	alive := func(tgid uint32, seq uint64, checkSeq bool) bool {
+	seq := func(tgid uint32) (uint64, bool) {
 		var pv gpuwardenProcVal
-		if err := p.objs.Procs.Lookup(tgid, &pv); err != nil {
-			return false
-		}
-		return !checkSeq || pv.Seq == seq
+		err := p.objs.Procs.Lookup(tgid, &pv)
+		return pv.Seq, err == nil
 	}
-	removed := 0
-	var errs []error
-
-	var ak gpuwardenAllocKey
-	var av gpuwardenAllocVal
-	var stale []gpuwardenAllocKey
-	it := p.objs.Allocs.Iterate()
-	for it.Next(&ak, &av) {
-		if !alive(ak.Tgid, av.Seq, true) {
-			stale = append(stale, ak)
-		}
-	}
-	errs = append(errs, it.Err())
-	for _, k := range stale {
-		if p.objs.Allocs.Delete(k) == nil {
-			removed++
-		}
-	}
-
-	var ck gpuwardenCtxKey
-	var pv gpuwardenPoolVal
-	var stalePools []gpuwardenCtxKey
-	it = p.objs.Pools.Iterate()
-	for it.Next(&ck, &pv) {
-		if !alive(ck.Tgid, 0, false) {
-			stalePools = append(stalePools, ck)
-		}
-	}
-	errs = append(errs, it.Err())
-	for _, k := range stalePools {
-		if p.objs.Pools.Delete(k) == nil {
-			removed++
-		}
-	}
-
-	var pk gpuwardenPrimKey
-	var ctx uint64
-	var stalePrim []gpuwardenPrimKey
-	it = p.objs.Primaries.Iterate()
-	for it.Next(&pk, &ctx) {
-		if !alive(pk.Tgid, 0, false) {
-			stalePrim = append(stalePrim, pk)
-		}
-	}
-	errs = append(errs, it.Err())
-	for _, k := range stalePrim {
-		if p.objs.Primaries.Delete(k) == nil {
-			removed++
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
+	dead := func(tgid uint32) bool { _, ok := seq(tgid); return !ok }
+	allocs, err1 := sweep(p.objs.Allocs, func(k gpuwardenAllocKey, v gpuwardenAllocVal) bool {
+		s, ok := seq(k.Tgid)
+		return !ok || s != v.Seq // gone, or an earlier process with its pid
+	})
+	pools, err2 := sweep(p.objs.Pools, func(k gpuwardenCtxKey, _ gpuwardenPoolVal) bool { return dead(k.Tgid) })
+	prims, err3 := sweep(p.objs.Primaries, func(k gpuwardenPrimKey, _ uint64) bool { return dead(k.Tgid) })
+	removed := allocs + pools + prims
+	if err := errors.Join(err1, err2, err3); err != nil {
 		return removed, fmt.Errorf("collect garbage: %w", err)
 	}
 	return removed, nil
+}
+
+// sweep deletes the entries of m that stale says are stale, after the
+// iteration (deleting while iterating would restart it), and returns how
+// many it deleted.
+func sweep[K, V any](m *ebpf.Map, stale func(K, V) bool) (int, error) {
+	var k K
+	var v V
+	var keys []K
+	it := m.Iterate()
+	for it.Next(&k, &v) {
+		if stale(k, v) {
+			keys = append(keys, k)
+		}
+	}
+	removed := 0
+	for _, k := range keys {
+		if m.Delete(k) == nil {
+			removed++
+		}
+	}
+	return removed, it.Err()
 }
 
 // TrackedAllocations counts the pointer and handle entries of a process,
