@@ -65,6 +65,25 @@ func TestKilledProcessMemoryReturns(t *testing.T) {
 
 var busyRe = regexp.MustCompile(`BENCH (\w+)_device_busy_ratio ([0-9.]+)`)
 
+// busyRatio waits for a workload and returns its label and the share of the
+// device it kept busy.
+func busyRatio(t *testing.T, p *simtest.Proc) (string, float64) {
+	t.Helper()
+	out, err := p.Wait()
+	if err != nil {
+		t.Fatalf("workload: %v: %s", err, p.Stderr())
+	}
+	mm := busyRe.FindStringSubmatch(out)
+	if mm == nil {
+		t.Fatalf("no busy ratio in %q", out)
+	}
+	v, err := strconv.ParseFloat(mm[2], 64)
+	if err != nil {
+		t.Fatalf("busy ratio %q: %v", mm[2], err)
+	}
+	return mm[1], v
+}
+
 // Two processes that keep the device busy each get about half of its time,
 // as a GPU time-slices between contexts.
 func TestBusyProcessesShareDeviceTime(t *testing.T) {
@@ -75,15 +94,8 @@ func TestBusyProcessesShareDeviceTime(t *testing.T) {
 	b := simtest.Start(t, m.Command(workload, append([]string{"--label", "b"}, args...)...))
 	share := map[string]float64{}
 	for _, p := range []*simtest.Proc{a, b} {
-		out, err := p.Wait()
-		if err != nil {
-			t.Fatalf("workload: %v: %s", err, p.Stderr())
-		}
-		mm := busyRe.FindStringSubmatch(out)
-		if mm == nil {
-			t.Fatalf("no busy ratio in %q", out)
-		}
-		share[mm[1]], _ = strconv.ParseFloat(mm[2], 64)
+		name, s := busyRatio(t, p)
+		share[name] = s
 	}
 	// Wide bounds: this must hold on a loaded 2-core machine.
 	for name, s := range share {
@@ -120,16 +132,8 @@ func TestKilledWaiterLeavesEngineFree(t *testing.T) {
 		_, _ = p.Wait()
 	}
 	alone := simtest.Start(t, m.Command(workload, "--seconds", "1", "--kernels", "4", "--kernel-ns", "2000000"))
-	out, err := alone.Wait()
-	if err != nil {
-		t.Fatalf("workload: %v: %s", err, alone.Stderr())
-	}
-	mm := busyRe.FindStringSubmatch(out)
-	if mm == nil {
-		t.Fatalf("no busy ratio in %q", out)
-	}
 	// Without the waiter's count taken back: about 0.5.
-	if s, _ := strconv.ParseFloat(mm[2], 64); s < 0.8 {
+	if _, s := busyRatio(t, alone); s < 0.8 {
 		t.Errorf("alone after the kill the process kept the device %.2f busy, want over 0.8", s)
 	}
 }
