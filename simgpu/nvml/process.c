@@ -78,15 +78,12 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t de
     return NVML_SUCCESS;
 }
 
-/* v3 differs from v2 only in the name of its struct type (nvmlProcessInfo_t). */
+/* v3 differs from v2 only in the name of its struct type (nvmlProcessInfo_t, one
+ * typedef with nvmlProcessInfo_v2_t in nvml.h). */
 NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t device,
                                                                  unsigned int *infoCount,
                                                                  nvmlProcessInfo_t *infos) {
-    struct proc_mem found[SG_MAX_PROCS];
-    nvmlReturn_t ret = running_processes(device, infoCount, infos, found);
-    if (ret != NVML_SUCCESS) return ret;
-    for (unsigned int i = 0; i < *infoCount; i++) fill_v2(&infos[i], &found[i]);
-    return NVML_SUCCESS;
+    return nvmlDeviceGetComputeRunningProcesses_v2(device, infoCount, infos);
 }
 
 /* One sample per live process whose share of the device since
