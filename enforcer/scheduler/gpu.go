@@ -160,15 +160,20 @@ func (g *gpu) plan(now time.Time, cfg Config) {
 	}
 }
 
-// settle adds the credit an idle member earned since creditAt: what a tick
-// at a time would have given it (an idle member pays nothing and holds at
-// most a slice).
-func (m *member) settle(now time.Time, slice float64, cfg Config) {
-	m.credit = min(max(m.credit+m.target*float64(now.Sub(m.creditAt)), -2*slice), slice)
-	if m.target >= 1 {
+// accrue brings credit up to now: earned at the target share of the wall
+// time since creditAt, less charge, held between two slices of debt and hi.
+func (m *member) accrue(now time.Time, charge, hi, slice float64, cfg Config) {
+	m.credit = min(max(m.credit+m.target*float64(now.Sub(m.creditAt))-charge, -2*slice), hi)
+	m.creditAt = now
+	if m.target >= 1 { // entitled to the whole device: it owes nothing
 		m.credit = max(m.credit, float64(cfg.Tick))
 	}
-	m.creditAt = now
+}
+
+// settle accrues an idle member's credit lazily: what a tick at a time would
+// have given it (an idle member pays nothing and holds at most a slice).
+func (m *member) settle(now time.Time, slice float64, cfg Config) {
+	m.accrue(now, 0, slice, slice, cfg)
 }
 
 // measure takes a new reading of busy ns per container, dt after the last.
@@ -350,11 +355,7 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 		if m.busy {
 			hi = slice * float64(len(g.members)+1)
 		}
-		m.credit = min(max(m.credit+m.target*float64(now.Sub(m.creditAt))-charge, -2*slice), hi)
-		m.creditAt = now
-		if m.target >= 1 { // entitled to the whole device: it owes nothing
-			m.credit = max(m.credit, float64(cfg.Tick))
-		}
+		m.accrue(now, charge, hi, slice, cfg)
 	}
 
 	// The slice: the owner keeps it for the slice's length while it uses the
