@@ -1,6 +1,7 @@
 package libcuda
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -59,33 +60,31 @@ func TestIsLibcuda(t *testing.T) {
 	}
 }
 
-// Scan over a fake proc root: the maps file names the library, and the
-// root/ path leads to it (map_files is absent in the fixture).
-func TestScanFixture(t *testing.T) {
-	proc := t.TempDir()
-	lib := filepath.Join(proc, "42", "root", "opt", "libcuda.so.1")
+// fakeProcess lays out proc/<pid> for a process that maps path (a file
+// under its root/ with that inode number in maps) and returns the file.
+func fakeProcess(t *testing.T, proc, pid, path string, inode int) string {
+	t.Helper()
+	lib := filepath.Join(proc, pid, "root", path)
 	if err := os.MkdirAll(filepath.Dir(lib), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(lib, []byte("ELF"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	maps := "7f00-7f10 r-xp 00000000 fe:00 9 /opt/libcuda.so.1\n"
-	if err := os.WriteFile(filepath.Join(proc, "42", "maps"), []byte(maps), 0o644); err != nil {
+	maps := fmt.Sprintf("7f00-7f10 r-xp 00000000 fe:00 %d %s\n", inode, path)
+	if err := os.WriteFile(filepath.Join(proc, pid, "maps"), []byte(maps), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	return lib
+}
+
+// Scan over a fake proc root: the maps file names the library, and the
+// root/ path leads to it (map_files is absent in the fixture).
+func TestScanFixture(t *testing.T) {
+	proc := t.TempDir()
+	lib := fakeProcess(t, proc, "42", "/opt/libcuda.so.1", 9)
 	// The scanning process (proc/self) is left out, whatever it maps.
-	own := filepath.Join(proc, "43", "root", "opt", "libcuda.so.2")
-	if err := os.MkdirAll(filepath.Dir(own), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(own, []byte("ELF"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	ownMaps := "7f00-7f10 r-xp 00000000 fe:00 10 /opt/libcuda.so.2\n"
-	if err := os.WriteFile(filepath.Join(proc, "43", "maps"), []byte(ownMaps), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	fakeProcess(t, proc, "43", "/opt/libcuda.so.2", 10)
 	if err := os.Symlink("43", filepath.Join(proc, "self")); err != nil {
 		t.Fatal(err)
 	}
