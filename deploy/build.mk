@@ -12,3 +12,28 @@ chart-test: $(BIN)/gpuwarden ## Lint and render the Helm chart with Helm's Go pa
 	cd deploy/helm/chart_test && $(GO) vet ./... && $(GO) test -count=1 -timeout 5m ./...
 
 TEST_EXTRA += chart-test
+
+# The real-GPU check (deploy/gpu-check, deploy/gpucheck): everything a bare
+# GPU machine needs, in one directory that is copied there and run as
+# `bin/gpu-check/run.sh OUTDIR`. Its tools link libcuda.so.1 without an
+# rpath, so on a GPU machine they load NVIDIA's driver; simgpu's copy rides
+# along for --simulate, which `make test` runs (deploy/gpucheck's test).
+GPU_CHECK     := $(BIN)/gpu-check
+GPU_CHECK_MAX := 62914560 # 60 MiB
+
+.PHONY: gpu-check
+gpu-check: build ## Build the real-GPU check's bundle into bin/gpu-check (run.sh OUTDIR runs it)
+	@rm -rf $(GPU_CHECK) && mkdir -p $(GPU_CHECK)/bin $(GPU_CHECK)/lib $(GPU_CHECK)/tools $(GPU_CHECK)/simgpu $(GPU_CHECK)/include/simgpu $(GPU_CHECK)/src
+	cp deploy/gpu-check/run.sh $(GPU_CHECK)/
+	cp deploy/gpu-check/cuda_paths.cu deploy/gpu-check/train.py deploy/gpu-check/torch_quota.py $(GPU_CHECK)/src/
+	cp $(BIN)/gpuwarden $(GPU_CHECK)/bin/
+	cp $(BIN)/libgpuwarden.so $(GPU_CHECK)/lib/
+	cp $(BIN)/simgpu/libcuda.so.1 $(BIN)/simgpu/libnvidia-ml.so.1 $(BIN)/simgpu/workload $(GPU_CHECK)/simgpu/
+	cp simgpu/include/cuda.h simgpu/include/nvml.h $(GPU_CHECK)/include/simgpu/
+	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -Werror -pthread -Isimgpu/include -o $(GPU_CHECK)/tools/cuda-alloc \
+		bpf/testdata/cuda_alloc.c -L$(BIN)/simgpu -l:libcuda.so.1
+	@size=$$(du -sb $(GPU_CHECK) | cut -f1); echo "gpu-check: $(GPU_CHECK) is $$((size / 1048576)) MiB"; \
+		[ $$size -le $(GPU_CHECK_MAX) ] || { echo "gpu-check: the bundle is over 60 MiB" >&2; exit 1; }
+
+# make test runs the check's simulation mode from the bundle.
+test: gpu-check

@@ -12,7 +12,11 @@
  *   freethread ID            the same, from a new thread (current context set first)
  *   launch N [KIND]          N launches; KIND: kernel (default) ex graph
  *   launchfor MS             cuLaunchKernel in a loop for MS milliseconds, prints "ok N"
+ *   meminfo                  cuMemGetInfo_v2, prints "ok FREE TOTAL"
  *   quit
+ *
+ * Its kernel is PTX, so the same program runs on NVIDIA's driver (which
+ * compiles it at load) and on simgpu (which accepts any image).
  */
 #include <pthread.h>
 #include <stdio.h>
@@ -127,8 +131,18 @@ static CUresult launch(long n, const char *kind) {
     return rc;
 }
 
+/* An empty kernel k(u64): simgpu runs a kernel for its first parameter in
+ * nanoseconds (0 here); NVIDIA's driver compiles the PTX for the device. */
+static const char k_ptx[] = ".version 7.0\n"
+                            ".target sm_75\n"
+                            ".address_size 64\n"
+                            ".visible .entry k(.param .u64 ns)\n"
+                            "{\n"
+                            "\tret;\n"
+                            "}\n";
+
 static CUresult setup_stream(void) {
-    static const char image[] = "simulated";
+    const char *image = k_ptx;
     CUmodule mod;
     CUresult rc;
     if ((rc = cuModuleLoadData(&mod, image))) return rc;
@@ -195,6 +209,11 @@ int main(void) {
             reply(fa.rc);
         } else if (!strcmp(cmd, "launch")) {
             reply(launch(atol(a), n >= 3 ? bs : "kernel"));
+        } else if (!strcmp(cmd, "meminfo")) {
+            size_t free_b = 0, total_b = 0;
+            rc = cuMemGetInfo_v2(&free_b, &total_b);
+            if (rc) printf("err %d\n", (int)rc);
+            else printf("ok %zu %zu\n", free_b, total_b);
         } else if (!strcmp(cmd, "launchfor")) {
             double end = now_ms() + atof(a);
             long count = 0;

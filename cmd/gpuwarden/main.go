@@ -19,12 +19,13 @@ type subcommand struct {
 }
 
 var subcommands = map[string]subcommand{
-	"agent":   {"run the node agent (metrics, API, observation, enforcement)", runAgent},
-	"ctl":     {"change a container's or a GPU's settings at run time", runCtl},
-	"bench":   {"print benchmark figures as BENCH lines", runBench},
-	"demo":    {"run workloads on the simulated GPU and show what gpuwarden sees", runDemo},
-	"smi":     {"show who uses which GPU, per container", runSmi},
-	"version": {"print the version", runVersion},
+	"agent":     {"run the node agent (metrics, API, observation, enforcement)", runAgent},
+	"ctl":       {"change a container's or a GPU's settings at run time", runCtl},
+	"bench":     {"print benchmark figures as BENCH lines", runBench},
+	"demo":      {"run workloads on the simulated GPU and show what gpuwarden sees", runDemo},
+	"gpu-check": {"run the real-GPU check from a bundle (make gpu-check)", runGPUCheck},
+	"smi":       {"show who uses which GPU, per container", runSmi},
+	"version":   {"print the version", runVersion},
 }
 
 func main() {

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gpuwarden/gpuwarden/deploy/gpucheck"
+)
+
+const gpuCheckUsage = `usage: gpuwarden gpu-check --bundle DIR [--simulate] [--budget 7m30s] [--cuda-include DIR] [--python python3] [--parts 1,3] OUTDIR
+
+Runs the real-GPU check from a bundle built by 'make gpu-check' (its run.sh
+calls this) and writes OUTDIR/report.md, OUTDIR/declarations.md and
+OUTDIR/bench.txt. --simulate runs it on simgpu. Exit status 1 when a part failed.`
+
+// runGPUCheck is `gpuwarden gpu-check`.
+func runGPUCheck(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("gpu-check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprintln(stderr, gpuCheckUsage) }
+	o := gpucheck.Options{Log: stderr}
+	fs.StringVar(&o.Bundle, "bundle", "", "the bundle directory")
+	fs.BoolVar(&o.Simulate, "simulate", false, "run on simgpu instead of NVIDIA's driver")
+	fs.DurationVar(&o.Budget, "budget", 0, "the whole run's time (default 7m30s; 4m with --simulate)")
+	fs.StringVar(&o.CUDAInclude, "cuda-include", "", "directory of NVIDIA's cuda.h and nvml.h (default: beside nvcc)")
+	fs.StringVar(&o.Python, "python", "", "the Python that has PyTorch (default python3)")
+	fs.Func("parts", "run only these parts, e.g. 1,3 (default: all)", func(v string) error {
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 1 || n > 5 {
+				return fmt.Errorf("want part numbers 1-5, got %q", f)
+			}
+			o.Parts = append(o.Parts, n)
+		}
+		return nil
+	})
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if o.Bundle == "" || fs.NArg() != 1 {
+		fs.Usage()
+		return 2
+	}
+	o.Out = fs.Arg(0)
+	if o.Budget == 0 {
+		o.Budget = 450 * time.Second
+		if o.Simulate {
+			o.Budget = 4 * time.Minute
+		}
+	}
+	ok, err := gpucheck.Run(o)
+	if err != nil {
+		fmt.Fprintf(stderr, "gpuwarden gpu-check: %v\n", err)
+		return 1
+	}
+	if b, err := os.ReadFile(o.Out + "/bench.txt"); err == nil {
+		_, _ = stdout.Write(b)
+	}
+	fmt.Fprintf(stdout, "report: %s/report.md\n", o.Out)
+	if !ok {
+		return 1
+	}
+	return 0
+}

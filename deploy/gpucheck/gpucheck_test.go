@@ -1,0 +1,79 @@
+package gpucheck
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
+)
+
+// The check's simulation mode, run as a user runs it on a GPU machine:
+// the bundle's run.sh. Every part passes on simgpu, the parts that need
+// NVIDIA's tools say why they were skipped, the figures come out, and the
+// machine is left as it was.
+func TestSimulationMode(t *testing.T) {
+	simtest.RequirePrivileged(t, "cgroups and eBPF")
+	runSh := filepath.Join(simtest.Root(t), "bin", "gpu-check", "run.sh")
+	if _, err := os.Stat(runSh); err != nil {
+		t.Fatalf("the bundle is missing (make gpu-check builds it; make test does first): %v", err)
+	}
+	out := t.TempDir()
+	start := time.Now()
+	cmd := exec.Command(runSh, "--simulate", out)
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("run.sh --simulate: %v\n%s", err, b)
+	}
+	t.Logf("run.sh --simulate took %s", time.Since(start).Round(time.Second))
+	report, err := os.ReadFile(filepath.Join(out, "report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range parts {
+		if !strings.Contains(string(report), "| "+p.title+" | pass |") {
+			t.Errorf("part %q did not pass:\n%s", p.title, report)
+		}
+	}
+	for _, want := range []*regexp.Regexp{
+		regexp.MustCompile(`\| cuda\.h functions \| pass \| 7\d of 7\d prototypes`),
+		regexp.MustCompile(`\| driver API: vmm \| pass \|`),
+		regexp.MustCompile(`\| PyTorch \| skipped \| simulation mode: needs NVIDIA's driver and PyTorch`),
+		regexp.MustCompile(`\| bytes in probe-b \| pass \| agent saw 3 GiB from "ebpf"`),
+		regexp.MustCompile(`\| weighted_1to2_k2ms \| pass \|`),
+	} {
+		if !want.Match(report) {
+			t.Errorf("the report lacks %s:\n%s", want, report)
+		}
+	}
+	bench, err := os.ReadFile(filepath.Join(out, "bench.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"launch_overhead_ns", "training_interposer_ratio", "training_probes_ratio",
+		"shares_weighted_1to2_k2ms_ratio", "shares_fixed_30_70_k2ms_ratio", "probes_launches_counted_ratio"} {
+		if !regexp.MustCompile(`(?m)^BENCH gpucheck_` + name + ` -?[0-9.]+ \S+$`).Match(bench) {
+			t.Errorf("bench.txt lacks %s:\n%s", name, bench)
+		}
+	}
+	if !strings.Contains(string(b), "BENCH gpucheck_launch_overhead_ns") {
+		t.Errorf("run.sh did not print the BENCH lines:\n%s", b)
+	}
+	// Nothing left behind: no cgroup of the check's, no agent of the bundle's.
+	mnt, err := cgroups.Mount("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(filepath.Join(mnt, fmt.Sprintf("gpuwarden-check-%d", cmd.Process.Pid))); !os.IsNotExist(err) {
+		t.Errorf("the check's cgroups were left behind (%v)", err)
+	}
+	if ps, _ := exec.Command("pgrep", "-f", filepath.Join("gpu-check", "bin", "gpuwarden")).Output(); len(ps) > 0 {
+		t.Errorf("processes left behind: %s", ps)
+	}
+}
