@@ -12,6 +12,8 @@
  *   freethread ID            the same, from a new thread (current context set first)
  *   launch N [KIND]          N launches; KIND: kernel (default) ex graph
  *   launchfor MS             cuLaunchKernel in a loop for MS milliseconds, prints "ok N"
+ *   launchcapture N          N launches into a capturing stream (the launch's host cost
+ *                            alone), prints "ok NS" per launch
  *   meminfo                  cuMemGetInfo_v2, prints "ok FREE TOTAL"
  *   quit
  *
@@ -141,6 +143,24 @@ static const char k_ptx[] = ".version 7.0\n"
                             "\tret;\n"
                             "}\n";
 
+/* launch_capture times n launches into a capturing stream: nothing runs, so
+ * the time is the launch call's own (driver and interposer), not the GPU's. */
+static CUresult launch_capture(long n, double *ns) {
+    unsigned long long zero = 0;
+    void *params[] = {&zero};
+    CUgraph g;
+    CUresult rc = cuStreamBeginCapture_v2(g_stream, CU_STREAM_CAPTURE_MODE_GLOBAL);
+    for (long i = 0; i < 1000 && !rc; i++) rc = cuLaunchKernel(g_fn, 1, 1, 1, 1, 1, 1, 0, g_stream, params, NULL);
+    double t0 = now_ms();
+    for (long i = 0; i < n && !rc; i++) rc = cuLaunchKernel(g_fn, 1, 1, 1, 1, 1, 1, 0, g_stream, params, NULL);
+    double t1 = now_ms();
+    CUresult end = cuStreamEndCapture(g_stream, &g);
+    if (!rc) rc = end;
+    if (!end) cuGraphDestroy(g);
+    *ns = (t1 - t0) * 1e6 / (double)(n > 0 ? n : 1);
+    return rc;
+}
+
 static CUresult setup_stream(void) {
     const char *image = k_ptx;
     CUmodule mod;
@@ -209,6 +229,11 @@ int main(void) {
             reply(fa.rc);
         } else if (!strcmp(cmd, "launch")) {
             reply(launch(atol(a), n >= 3 ? bs : "kernel"));
+        } else if (!strcmp(cmd, "launchcapture")) {
+            double ns = 0;
+            rc = launch_capture(atol(a), &ns);
+            if (rc) printf("err %d\n", (int)rc);
+            else printf("ok %.2f\n", ns);
         } else if (!strcmp(cmd, "meminfo")) {
             size_t free_b = 0, total_b = 0;
             rc = cuMemGetInfo_v2(&free_b, &total_b);

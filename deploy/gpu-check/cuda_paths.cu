@@ -53,7 +53,8 @@ int main(void) {
     size_t freeb = 0, total = 0;
     cudaStream_t s;
     cudaFree(0);
-    printf("meminfo %s %zu %zu\n", rt(cudaMemGetInfo(&freeb, &total)), freeb, total);
+    const char *info = rt(cudaMemGetInfo(&freeb, &total)); // before the printf: argument order is unspecified
+    printf("meminfo %s %zu %zu\n", info, freeb, total);
     cudaStreamCreate(&s);
     {
         void *a = NULL, *b = NULL;

@@ -56,13 +56,13 @@ func TestSimulationMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, name := range []string{"launch_overhead_ns", "training_interposer_ratio", "training_probes_ratio",
+	for _, name := range []string{"launch_capture_ns_overhead", "launch_sync_ns_overhead", "training_interposer_ratio", "training_probes_ratio",
 		"shares_weighted_1to2_k2ms_ratio", "shares_fixed_30_70_k2ms_ratio", "probes_launches_counted_ratio"} {
 		if !regexp.MustCompile(`(?m)^BENCH gpucheck_` + name + ` -?[0-9.]+ \S+$`).Match(bench) {
 			t.Errorf("bench.txt lacks %s:\n%s", name, bench)
 		}
 	}
-	if !strings.Contains(string(b), "BENCH gpucheck_launch_overhead_ns") {
+	if !strings.Contains(string(b), "BENCH gpucheck_launch_capture_ns_overhead") {
 		t.Errorf("run.sh did not print the BENCH lines:\n%s", b)
 	}
 	// Nothing left behind: no cgroup of the check's, no agent of the bundle's.

@@ -173,7 +173,7 @@ func (e *env) shareTiming() timing {
 	if e.o.Simulate {
 		return timing{ready: 30 * time.Second, settle: 2 * time.Second, window: 6 * time.Second}
 	}
-	return timing{ready: 120 * time.Second, settle: 3 * time.Second, window: 10 * time.Second}
+	return timing{ready: 120 * time.Second, settle: 3 * time.Second, window: 20 * time.Second}
 }
 
 // checkShares is part 4: two containers at weights 1:2 under the agent, per
