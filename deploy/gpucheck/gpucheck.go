@@ -80,9 +80,10 @@ func Run(o Options) (bool, error) {
 		} else if left < 5*time.Second {
 			r.Skip("the part", "out of time: the run's budget of %s is spent", o.Budget)
 		} else {
-			// At least a minute, so a loaded machine's slow start does not
-			// cut a short part off; what is left of the budget bounds it all.
-			d := min(max(time.Duration(p.share*float64(o.Budget)), time.Minute), left)
+			// Its share of what is left, so time a quick part did not use
+			// goes to the later ones; at least a minute, so a loaded
+			// machine's slow start does not cut a short part off.
+			d := min(max(time.Duration(float64(left)*p.share/sharesFrom(i)), time.Minute), left)
 			fmt.Fprintf(o.Log, "gpu-check: %s (up to %s)\n", p.title, d.Round(time.Second))
 			runPart(p, e, r, d)
 		}
@@ -94,6 +95,15 @@ func Run(o Options) (bool, error) {
 		return false, err
 	}
 	return !rep.failed(), nil
+}
+
+// sharesFrom is the sum of the shares of parts i and after.
+func sharesFrom(i int) float64 {
+	sum := 0.0
+	for _, p := range parts[i:] {
+		sum += p.share
+	}
+	return sum
 }
 
 // runPart gives a part its deadline and turns a panic into a failed check,

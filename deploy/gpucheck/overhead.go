@@ -101,7 +101,11 @@ func (e *env) trainingOverhead(ctx context.Context, r *Result) {
 		if err != nil {
 			return 0, err
 		}
-		return t.finalRate(time.Duration(secs)*time.Second + 2*time.Minute)
+		rate, err := t.finalRate(time.Duration(secs)*time.Second + 2*time.Minute)
+		if ctx.Err() != nil {
+			err = fmt.Errorf("stopped: the part's time ran out")
+		}
+		return rate, err
 	}
 	setups := []struct {
 		name  string
