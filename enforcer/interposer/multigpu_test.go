@@ -61,3 +61,31 @@ func machineUUIDs(t *testing.T, b *box) []string {
 	}
 	return uuids
 }
+
+// TestCGPUMemoryList: cGPU's ALIYUN_COM_GPU_MEM_CONTAINER=3,1 on four GPUs
+// is 3 GiB on the first and 1 GiB on each other, as cuMemGetInfo shows in a
+// context on each; a malformed list stops cuInit with one line naming it.
+func TestCGPUMemoryList(t *testing.T) {
+	b := newBox(t, 4, "16Gi", "ALIYUN_COM_GPU_MEM_CONTAINER=3,1", "ALIYUN_COM_GPU_MEM_DEV=16")
+	args, want := []string{"init"}, []string{"init CUDA_SUCCESS"}
+	limits := []uint64{3 * gi, gi, gi, gi}
+	for d := range limits {
+		args = append(args, "ctx", itoa(d), "meminfo")
+		want = append(want, "ctx CUDA_SUCCESS", "meminfo CUDA_SUCCESS")
+	}
+	r := b.run(args...)
+	r.expect(t, want...)
+	for d, lim := range limits {
+		l := r.step(t, "meminfo", d)
+		if tot, free := field(t, l, "total"), field(t, l, "free"); tot != lim || free != lim-ctxReserve {
+			t.Errorf("device %d: cuMemGetInfo total %d free %d, want %d and %d", d, tot, free, lim, lim-ctxReserve)
+		}
+	}
+
+	bad := newBox(t, 4, "16Gi", "ALIYUN_COM_GPU_MEM_CONTAINER=3,1.5")
+	r = bad.run("init")
+	r.expect(t, "init CUDA_ERROR_NOT_PERMITTED")
+	if lines := strings.Split(strings.TrimSpace(r.stderr), "\n"); len(lines) != 1 || !strings.Contains(lines[0], "ALIYUN_COM_GPU_MEM_CONTAINER=3,1.5") {
+		t.Errorf("stderr %q, want one line naming ALIYUN_COM_GPU_MEM_CONTAINER", r.stderr)
+	}
+}
