@@ -17,7 +17,8 @@
 //
 // On top of any policy: a high-priority container that is busy takes what it
 // wants (within its own policy share and cap) and the others share what it
-// leaves; a hard cap (percent) bounds a container's share.
+// leaves; a hard cap (percent) bounds a container's share under every gated
+// policy (a capped container does not borrow under soft).
 package policy
 
 import (
@@ -91,7 +92,8 @@ type Share struct {
 	// Target is the share of the device's time the container is held to,
 	// 0-1; for an idle container, what it gets as soon as it is busy.
 	Target float64
-	// Borrow: it may use more than Target while others leave time unused (soft).
+	// Borrow: it may use more than Target while others leave time unused
+	// (soft, and only a container without a cap: a cap holds under every policy).
 	Borrow bool
 }
 
@@ -133,6 +135,10 @@ func capOf(c Container) float64 {
 	}
 	return float64(c.CapPercent) / 100
 }
+
+// borrows says whether c may use time others leave beyond its target: under
+// soft, unless a cap bounds it.
+func borrows(p Policy, c Container) bool { return p == Soft && capOf(c) >= 1 }
 
 // base computes the policy's shares among the containers in idx alone, caps applied.
 func base(p Policy, maxInst int, cs []Container, idx []int, out []float64) {
@@ -224,7 +230,7 @@ func Shares(p Policy, maxInst int, cs []Container) []Share {
 		}
 	}
 	for i := range out {
-		out[i] = Share{Target: t[i], Borrow: p == Soft}
+		out[i] = Share{Target: t[i], Borrow: borrows(p, cs[i])}
 	}
 	return out
 }

@@ -59,11 +59,44 @@ func TestShares(t *testing.T) {
 				if math.Abs(got[i].Target-w) > 1e-9 {
 					t.Errorf("container %d: target %.4f, want %.4f (all: %+v)", i, got[i].Target, w, got)
 				}
-				if got[i].Borrow != (tc.p == Soft) {
-					t.Errorf("container %d: borrow %v under %v", i, got[i].Borrow, tc.p)
+				if want := tc.p == Soft && tc.cs[i].CapPercent == 0; got[i].Borrow != want {
+					t.Errorf("container %d: borrow %v under %v, want %v", i, got[i].Borrow, tc.p, want)
 				}
 			}
 		})
+	}
+}
+
+// TestCapUnderEveryPolicy: a capped container's target never passes its cap
+// and it never borrows, whatever the gated policy, its priority and its
+// partners; a cap of 100 (or none) leaves soft's borrowing as it is.
+func TestCapUnderEveryPolicy(t *testing.T) {
+	partners := map[string][]Container{
+		"alone":          nil,
+		"busy partner":   {c(1, 0, "b")},
+		"idle partner":   {c(1, 0, "p")},
+		"busy high":      {c(1, 0, "bh")},
+		"heavier weight": {c(5, 0, "b"), c(1, 0, "p")},
+	}
+	for p := FairShare; p < Native; p++ {
+		for _, capPct := range []int{0, 30, 100} {
+			for _, flags := range []string{"b", "bh"} {
+				for name, others := range partners {
+					me := c(3, capPct, flags)
+					got := Shares(p, 4, append([]Container{me}, others...))[0]
+					limit := 1.0
+					if capPct > 0 {
+						limit = float64(capPct) / 100
+					}
+					if got.Target > limit+1e-9 {
+						t.Errorf("%v, cap %d%%, %q, %s: target %.3f past the cap", p, capPct, flags, name, got.Target)
+					}
+					if want := p == Soft && limit == 1; got.Borrow != want {
+						t.Errorf("%v, cap %d%%, %q, %s: borrow %v, want %v", p, capPct, flags, name, got.Borrow, want)
+					}
+				}
+			}
+		}
 	}
 }
 

@@ -383,12 +383,12 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 	}
 	g.release(g.owner, now, cfg)
 	// Soft: while the owner leaves the device idle (it does not wait at its
-	// gate), the waiting container with the most credit borrows, paying for
-	// the tickets it takes.
-	if o := g.owner; o.borrow && !o.waiting {
+	// gate), the waiting container that may borrow with the most credit
+	// does, paying for the tickets it takes.
+	if o := g.owner; !o.waiting {
 		var b *member
 		for _, m := range g.active {
-			if m != o && m.waiting && (b == nil || m.credit > b.credit) {
+			if m != o && m.borrow && m.waiting && (b == nil || m.credit > b.credit) {
 				b = m
 			}
 		}

@@ -167,6 +167,41 @@ func TestSoftBorrows(t *testing.T) {
 	within(t, "a", s["a"], 0.55, 1.01)
 }
 
+// TestCapHolds: a 30% cap holds under soft, whether the container is alone
+// or beside a busy partner (which borrows what it leaves), and with high
+// priority under soft and preemptive.
+func TestCapHolds(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		p       policy.Policy
+		high    bool
+		partner bool
+	}{
+		{"soft alone", policy.Soft, false, false},
+		{"soft busy partner", policy.Soft, false, true},
+		{"soft high priority busy partner", policy.Soft, true, true},
+		{"preemptive high priority busy partner", policy.Preemptive, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := start(t, scheduler.GPUSettings{Policy: tc.p, PolicySet: true})
+			env := []string{"GPUWARDEN_COMPUTE_LIMIT=30"}
+			if tc.high {
+				env = append(env, "GPUWARDEN_PRIORITY=high")
+			}
+			cs := []simrun.Container{named(claims(env...), "a", busyWork(4))}
+			if tc.partner {
+				cs = append(cs, named(claims(), "b", busyWork(4)))
+			}
+			spawn(t, r, cs...)
+			s := shares(t, r, time.Second, 2500*time.Millisecond)
+			within(t, "a", s["a"], 0.1, 0.42)
+			if tc.partner {
+				within(t, "b", s["b"], 0.45, 1.01)
+			}
+		})
+	}
+}
+
 // TestHighPriority: while a high-priority container is busy the other gets
 // only what it leaves.
 func TestHighPriority(t *testing.T) {
