@@ -24,8 +24,8 @@ type enforcerRow struct {
 	aEnv   []string
 	bEnv   []string
 	bIdle  bool    // b holds a context and launches nothing
-	capped bool    // a has a cap: its share is held to target from both sides
-	target float64 // b's images/s over a's (0: none), or a's share when b idles or a is capped
+	aShare bool    // judged by a's share, held to target from both sides (a cap, a fair-share slot)
+	target float64 // b's images/s over a's (0: none), or a's share when b idles or aShare
 	longer float64 // runs this many times longer (0: 1)
 }
 
@@ -64,8 +64,11 @@ func benchEnforcer(o benchOptions, stdout io.Writer) error {
 		{name: "preemptive_idle_partner_k2ms", gpu: scheduler.GPUSettings{Policy: policy.Preemptive, PolicySet: true},
 			a: k(2000000), bIdle: true, target: 1},
 		// A cap holds under soft: alone, and beside a busy partner that borrows what it leaves.
-		{name: "soft_cap30_alone_k2ms", gpu: soft, a: k(2000000), aEnv: cap30, capped: true, target: 0.3},
-		{name: "soft_cap30_busy_partner_k2ms", gpu: soft, a: k(2000000), b: k(2000000), aEnv: cap30, capped: true, target: 0.3},
+		{name: "soft_cap30_alone_k2ms", gpu: soft, a: k(2000000), aEnv: cap30, aShare: true, target: 0.3},
+		{name: "soft_cap30_busy_partner_k2ms", gpu: soft, a: k(2000000), b: k(2000000), aEnv: cap30, aShare: true, target: 0.3},
+		// cGPU's fair-share: 1/max_inst each, max_inst being the device plugin's default 4 slots.
+		{name: "fairshare_maxinst4_k2ms", gpu: scheduler.GPUSettings{Policy: policy.FairShare, PolicySet: true},
+			a: k(2000000), b: k(2000000), aShare: true, target: 0.25},
 		{name: "weighted_1to2_graph_k200us", a: k(200000, "--graph"), b: k(200000, "--graph"), aEnv: w1, bEnv: w2, target: 2},
 		{name: "weighted_1to2_sync_k200us", a: k(200000, "--sync-every-launch"), b: k(200000, "--sync-every-launch"), aEnv: w1, bEnv: w2, target: 2},
 	}
@@ -147,7 +150,7 @@ func enforcerRun(m simrun.Machine, r enforcerRow, secs float64, stdout io.Writer
 	name := "enforcer_" + r.name
 	fmt.Fprintf(stdout, "BENCH %s_a_images_per_sec %.1f images/s\n", name, ra["images_per_sec"])
 	fmt.Fprintf(stdout, "BENCH %s_a_share %.3f ratio\n", name, shareA)
-	if r.capped {
+	if r.aShare {
 		if r.b != nil {
 			fmt.Fprintf(stdout, "BENCH %s_b_share %.3f ratio\n", name, shareB)
 		}

@@ -42,11 +42,41 @@ const (
 
 // Defaults when nothing is configured: cGPU's max_inst, and preemptive
 // sharing (each busy container gets 1/busy) unless a weight asks for weighted.
+//
+// max_inst is one number per GPU: the containers (slots) the device plugin
+// offers on it and the 1/max_inst that fair-share and fixed divide it by.
 const (
-	DefaultMaxInst = 16
+	DefaultMaxInst = 4
+	MaxMaxInst     = 128
 	DefaultPolicy  = Preemptive
 	MaxWeight      = 1000
 )
+
+// MaxInst is the max_inst in force for a setting of n: n, or DefaultMaxInst for 0.
+func MaxInst(n int) int {
+	if n <= 0 {
+		return DefaultMaxInst
+	}
+	return n
+}
+
+// CheckMaxInst checks a GPU's max_inst: 1-MaxMaxInst.
+func CheckMaxInst(n int) error {
+	if n < 1 || n > MaxMaxInst {
+		return fmt.Errorf("max_inst %d: want 1-%d", n, MaxMaxInst)
+	}
+	return nil
+}
+
+// FreeWeight is cGPU's free_weight: what is left of a GPU's max_inst once
+// the weights of the containers on it are taken (never below 0).
+func FreeWeight(maxInst int, cs []Container) int {
+	left := float64(MaxInst(maxInst))
+	for _, c := range cs {
+		left -= weight(c)
+	}
+	return int(max(left, 0))
+}
 
 var names = [...]string{"fair-share", "preemptive", "weighted", "fixed", "soft", "native"}
 
@@ -180,11 +210,9 @@ func base(p Policy, maxInst int, cs []Container, idx []int, out []float64) {
 }
 
 // Shares computes each container's share of the device under policy p with
-// maxInst slots (0: DefaultMaxInst). The result is in the order of cs.
+// maxInst slots (see MaxInst). The result is in the order of cs.
 func Shares(p Policy, maxInst int, cs []Container) []Share {
-	if maxInst <= 0 {
-		maxInst = DefaultMaxInst
-	}
+	maxInst = MaxInst(maxInst)
 	out := make([]Share, len(cs))
 	t := make([]float64, len(cs))
 	if p == Native {

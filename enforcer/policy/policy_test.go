@@ -100,6 +100,32 @@ func TestCapUnderEveryPolicy(t *testing.T) {
 	}
 }
 
+func TestMaxInst(t *testing.T) {
+	if MaxInst(0) != DefaultMaxInst || MaxInst(7) != 7 {
+		t.Errorf("MaxInst(0) = %d, MaxInst(7) = %d", MaxInst(0), MaxInst(7))
+	}
+	for n, ok := range map[int]bool{0: false, 1: true, 128: true, 129: false, -1: false} {
+		if err := CheckMaxInst(n); (err == nil) != ok {
+			t.Errorf("CheckMaxInst(%d) = %v", n, err)
+		}
+	}
+	if fs := Shares(FairShare, 0, []Container{c(1, 0, "b")}); fs[0].Target != 1./DefaultMaxInst {
+		t.Errorf("fair-share with the default max_inst: %v", fs)
+	}
+	for _, tc := range []struct {
+		maxInst int
+		cs      []Container
+		want    int
+	}{
+		{4, nil, 4}, {4, []Container{c(1, 0, "b"), c(0, 0, "")}, 2}, {0, []Container{c(3, 0, "b")}, DefaultMaxInst - 3},
+		{4, []Container{c(3, 0, "b"), c(2, 0, "b")}, 0},
+	} {
+		if got := FreeWeight(tc.maxInst, tc.cs); got != tc.want {
+			t.Errorf("FreeWeight(%d, %v) = %d, want %d", tc.maxInst, tc.cs, got, tc.want)
+		}
+	}
+}
+
 func TestEffective(t *testing.T) {
 	one, two := []Container{c(1, 0, "b"), c(1, 0, "b")}, []Container{c(1, 0, "b"), c(2, 0, "b")}
 	if p := Effective(0, false, one); p != DefaultPolicy {

@@ -130,6 +130,21 @@ func TestFairShareIdlePartner(t *testing.T) {
 	within(t, "a", s["a"], 0.08, 0.33)
 }
 
+// TestFairShareDefaultMaxInst: fair-share on a GPU whose max_inst nobody set
+// takes the default, the device plugin's 4 slots: each busy container gets
+// 25%, and free_weight is what two containers of weight 1 leave of 4.
+func TestFairShareDefaultMaxInst(t *testing.T) {
+	r := start(t, scheduler.GPUSettings{Policy: policy.FairShare, PolicySet: true})
+	spawn(t, r, named(claims(), "a", busyWork(4)), named(claims(), "b", busyWork(4)))
+	s := shares(t, r, time.Second, 2500*time.Millisecond)
+	within(t, "a", s["a"], 0.17, 0.33)
+	within(t, "b", s["b"], 0.17, 0.33)
+	gs := r.Sched.GPUs()
+	if len(gs) != 1 || gs[0].MaxInst != 4 || gs[0].FreeWeight != 2 || gs[0].Containers != 2 {
+		t.Errorf("GPUs() = %+v, want max_inst 4, free_weight 2, 2 containers", gs)
+	}
+}
+
 // TestPreemptiveIdlePartner: an idle container is skipped.
 func TestPreemptiveIdlePartner(t *testing.T) {
 	r := start(t, scheduler.GPUSettings{Policy: policy.Preemptive, PolicySet: true})
