@@ -30,7 +30,7 @@ DEPS_GENERATE := gcc make
 build: deps-build $(BUILD_TARGETS) ## Build everything into bin/
 
 .PHONY: simgpu
-simgpu: $(BIN)/simgpu/libcuda.so.1 $(BIN)/simgpu/libnvidia-ml.so.1 $(BIN)/simgpu/workload $(BIN)/simgpu/cuda-check ## Build the simulated GPU and its programs
+simgpu: $(BIN)/simgpu/libcuda.so.1 $(BIN)/simgpu/libnvidia-ml.so.1 $(BIN)/simgpu/workload $(BIN)/simgpu/cuda-check $(BIN)/simgpu/visible-check ## Build the simulated GPU and its programs
 
 $(BIN)/gpuwarden: $(GO_SRC)
 	@mkdir -p $(@D)
@@ -53,6 +53,11 @@ $(BIN)/simgpu/workload: simgpu/workload/workload.c simgpu/include/cuda.h $(BIN)/
 $(BIN)/simgpu/cuda-check: simgpu/tests/cuda_check.c simgpu/include/cuda.h $(BIN)/simgpu/libcuda.so.1
 	$(CC) -std=gnu11 -O1 -g -Wall -Wextra -Werror -pthread -Isimgpu/include -o $@ $< \
 		-L$(BIN)/simgpu -l:libcuda.so.1 -ldl -Wl,-rpath,'$$ORIGIN'
+
+$(BIN)/simgpu/visible-check: simgpu/tests/visible_check.c simgpu/include/cuda.h simgpu/include/nvml.h \
+		$(BIN)/simgpu/libcuda.so.1 $(BIN)/simgpu/libnvidia-ml.so.1
+	$(CC) -std=gnu11 -O1 -g -Wall -Wextra -Werror -Isimgpu/include -o $@ $< \
+		-L$(BIN)/simgpu -l:libcuda.so.1 -l:libnvidia-ml.so.1 -Wl,-rpath,'$$ORIGIN'
 
 .PHONY: generate
 generate: deps-generate ## Regenerate generated code (eBPF objects, bindings)

@@ -24,7 +24,8 @@ type enforcerRow struct {
 	aEnv   []string
 	bEnv   []string
 	bIdle  bool    // b holds a context and launches nothing
-	target float64 // b's images/s over a's (0: none), or a's share when b idles
+	aShare bool    // judged by a's share, held to target from both sides (a cap, a fair-share slot)
+	target float64 // b's images/s over a's (0: none), or a's share when b idles or aShare
 	longer float64 // runs this many times longer (0: 1)
 }
 
@@ -48,6 +49,8 @@ func benchEnforcer(o benchOptions, stdout io.Writer) error {
 	}
 	k20ms := []string{"--kernels", "1", "--kernel-ns", "20000000", "--batch", "32"}
 	w1, w2 := []string{"GPUWARDEN_COMPUTE_WEIGHT=1"}, []string{"GPUWARDEN_COMPUTE_WEIGHT=2"}
+	cap30 := []string{"GPUWARDEN_COMPUTE_LIMIT=30"}
+	soft := scheduler.GPUSettings{Policy: policy.Soft, PolicySet: true}
 	rows := []enforcerRow{
 		{name: "weighted_1to2_k20us", a: k(20000), b: k(20000), aEnv: w1, bEnv: w2, target: 2},
 		{name: "weighted_1to2_k200us", a: k(200000), b: k(200000), aEnv: w1, bEnv: w2, target: 2},
@@ -60,6 +63,12 @@ func benchEnforcer(o benchOptions, stdout io.Writer) error {
 			a: k(2000000), b: k(2000000), aEnv: []string{"GPUWARDEN_COMPUTE_WEIGHT=3"}, bEnv: []string{"GPUWARDEN_COMPUTE_WEIGHT=7"}, target: 7.0 / 3},
 		{name: "preemptive_idle_partner_k2ms", gpu: scheduler.GPUSettings{Policy: policy.Preemptive, PolicySet: true},
 			a: k(2000000), bIdle: true, target: 1},
+		// A cap holds under soft: alone, and beside a busy partner that borrows what it leaves.
+		{name: "soft_cap30_alone_k2ms", gpu: soft, a: k(2000000), aEnv: cap30, aShare: true, target: 0.3},
+		{name: "soft_cap30_busy_partner_k2ms", gpu: soft, a: k(2000000), b: k(2000000), aEnv: cap30, aShare: true, target: 0.3},
+		// cGPU's fair-share: 1/max_inst each, max_inst being the device plugin's default 4 slots.
+		{name: "fairshare_maxinst4_k2ms", gpu: scheduler.GPUSettings{Policy: policy.FairShare, PolicySet: true},
+			a: k(2000000), b: k(2000000), aShare: true, target: 0.25},
 		{name: "weighted_1to2_graph_k200us", a: k(200000, "--graph"), b: k(200000, "--graph"), aEnv: w1, bEnv: w2, target: 2},
 		{name: "weighted_1to2_sync_k200us", a: k(200000, "--sync-every-launch"), b: k(200000, "--sync-every-launch"), aEnv: w1, bEnv: w2, target: 2},
 	}
@@ -141,6 +150,15 @@ func enforcerRun(m simrun.Machine, r enforcerRow, secs float64, stdout io.Writer
 	name := "enforcer_" + r.name
 	fmt.Fprintf(stdout, "BENCH %s_a_images_per_sec %.1f images/s\n", name, ra["images_per_sec"])
 	fmt.Fprintf(stdout, "BENCH %s_a_share %.3f ratio\n", name, shareA)
+	if r.aShare {
+		if r.b != nil {
+			fmt.Fprintf(stdout, "BENCH %s_b_share %.3f ratio\n", name, shareB)
+		}
+		fmt.Fprintf(stdout, "BENCH %s_target_share %.3f ratio\n", name, r.target)
+		ok := shareA >= 0.95*r.target && shareA <= 1.05*r.target
+		fmt.Fprintf(stdout, "BENCH %s_within_budget %d bool\n", name, b2i(ok))
+		return ok, nil
+	}
 	if r.bIdle {
 		fmt.Fprintf(stdout, "BENCH %s_a_device_busy %.3f ratio\n", name, ra["device_busy_ratio"])
 		// Judged over the middle of the run (the workload's own figure

@@ -19,7 +19,8 @@ const ctlUsage = `usage: gpuwarden ctl [--agent URL] [--token-file FILE] COMMAND
 
 commands:
   set CONTAINER [--memory-limit 6Gi|3Gi,4Gi|0] [--weight N] [--compute-limit PERCENT] [--priority high|normal]
-  gpu INDEX [--policy 0-5|fair-share|preemptive|weighted|fixed|soft|native] [--max-inst N]
+  gpu INDEX [--policy 0-5|fair-share|preemptive|weighted|fixed|soft|native] [--max-inst 1-128]
+      (without flags: shows the GPU's policy, max_inst and free_weight)
   unfreeze CONTAINER
   events
 
@@ -122,7 +123,7 @@ func (c *ctlClient) gpu(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("ctl gpu", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	pol := fs.String("policy", "", "scheduling policy")
-	maxInst := fs.Int("max-inst", 0, "slots on the GPU")
+	maxInst := fs.Int("max-inst", 0, "the GPU's max_inst: the device plugin's slots and the policies' 1/max_inst")
 	if err := fs.Parse(args[1:]); err != nil {
 		return errUsage
 	}
@@ -136,9 +137,23 @@ func (c *ctlClient) gpu(args []string, stdout, stderr io.Writer) error {
 		}
 	})
 	if ch.Policy == nil && ch.MaxInst == nil {
-		return fmt.Errorf("gpu %s: nothing to change (give --policy or --max-inst)", args[0])
+		var g agent.GPUInfo
+		if err := c.getJSON("/api/v1/gpus/"+url.PathEscape(args[0]), &g); err != nil {
+			return err
+		}
+		printGPU(stdout, g)
+		return nil
 	}
 	return c.post("/api/v1/gpus/"+url.PathEscape(args[0])+"/settings", ch, stdout)
+}
+
+func printGPU(w io.Writer, g agent.GPUInfo) {
+	set := ""
+	if g.PolicySet {
+		set = " (set)"
+	}
+	fmt.Fprintf(w, "GPU %d: policy %s%s, max_inst %d, free_weight %d, %d containers\n", g.Index, g.Policy, set, g.MaxInst,
+		g.FreeWeight, g.Containers)
 }
 
 func (c *ctlClient) post(path string, body any, stdout io.Writer) error {
@@ -175,12 +190,16 @@ func (c *ctlClient) post(path string, body any, stdout io.Writer) error {
 	for _, f := range res.InForce {
 		fmt.Fprintf(stdout, "in force: %s on GPU %d: %s, target %.1f%%\n", f.Container, f.GPU, f.Policy, f.Target*100)
 	}
+	if res.GPU != nil {
+		printGPU(stdout, *res.GPU)
+	}
 	fmt.Fprintln(stdout, "ok")
 	return nil
 }
 
-func (c *ctlClient) events(stdout io.Writer) error {
-	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(c.agent + "/api/v1/events")
+// getJSON reads one of the agent's GET answers into v.
+func (c *ctlClient) getJSON(path string, v any) error {
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Get(c.agent + path)
 	if err != nil {
 		return fmt.Errorf("agent at %s: %w", c.agent, err)
 	}
@@ -188,9 +207,16 @@ func (c *ctlClient) events(stdout io.Writer) error {
 	if resp.StatusCode != http.StatusOK {
 		return fmt.Errorf("agent at %s: %s", c.agent, resp.Status)
 	}
-	var evs []agent.Event
-	if err := json.NewDecoder(resp.Body).Decode(&evs); err != nil {
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 16<<20)).Decode(v); err != nil {
 		return fmt.Errorf("agent at %s: bad answer: %w", c.agent, err)
+	}
+	return nil
+}
+
+func (c *ctlClient) events(stdout io.Writer) error {
+	var evs []agent.Event
+	if err := c.getJSON("/api/v1/events", &evs); err != nil {
+		return err
 	}
 	for _, e := range evs {
 		fmt.Fprintf(stdout, "%s  %-9s gpu %d  %s  %s\n", e.Time.Format(time.RFC3339), e.Kind, e.GPU, e.Cgroup, e.Message)

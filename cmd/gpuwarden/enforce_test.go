@@ -167,6 +167,39 @@ func TestCtlRefusesBadChanges(t *testing.T) {
 	}
 }
 
+// TestCtlGPUMaxInst: a GPU's max_inst is the configured devicePlugin.maxInst
+// (4) until ctl changes it: fair-share gives 1/max_inst, `ctl gpu N` shows it
+// with cGPU's free_weight, and a max_inst out of range is refused.
+func TestCtlGPUMaxInst(t *testing.T) {
+	simtest.RequirePrivileged(t, "eBPF and cgroups")
+	m := simtest.NewMachine(t, 1, "16Gi")
+	agent := simtest.StartAgent(t, m)
+	startEnforced(t, m, agent, "mi")
+	simtest.Eventually(t, 10*time.Second, func() error {
+		if out, err := ctl(t, agent, "gpu", "0"); err != nil || !strings.Contains(out, "max_inst 4, free_weight 3, 1 containers") {
+			return fmt.Errorf("ctl gpu 0: %v %q", err, out)
+		}
+		return nil
+	})
+	for _, step := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"--policy", "fair-share"}, []string{"target 25.0%", "policy fair-share (set), max_inst 4"}},
+		{[]string{"--max-inst", "2"}, []string{"target 50.0%", "max_inst 2, free_weight 1"}},
+	} {
+		out, err := ctl(t, agent, append([]string{"gpu", "0"}, step.args...)...)
+		for _, w := range step.want {
+			if err != nil || !strings.Contains(out, w) {
+				t.Errorf("ctl gpu 0 %v: %v %q; want %q", step.args, err, out, w)
+			}
+		}
+	}
+	if out, err := ctl(t, agent, "gpu", "0", "--max-inst", "129"); err == nil || !strings.Contains(out, "max_inst 129: want 1-128") {
+		t.Errorf("ctl gpu 0 --max-inst 129: %v %q; want refused", err, out)
+	}
+}
+
 // TestAgentFreezesBypass: with onBypass: freeze, a cgroup that uses the GPU
 // without the interposer is frozen, and thawed when told.
 func TestAgentFreezesBypass(t *testing.T) {

@@ -210,6 +210,8 @@ func (s *smiSource) fromAgent(ctx context.Context) (*smiView, error) {
 	}
 	v := viewFromAPI(cr, dr)
 	v.Agent = s.agent.String()
+	// The enforcer's state per GPU; an agent without the enforcer has none.
+	_ = s.get(ctx, "/api/v1/gpus", &v.GPUs)
 	return v, nil
 }
 

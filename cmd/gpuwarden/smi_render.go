@@ -10,6 +10,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/agent"
 	"github.com/gpuwarden/gpuwarden/collector"
 )
 
@@ -23,6 +24,7 @@ type smiView struct {
 	Devices    []collector.Device          `json:"devices"`
 	Containers []collector.ContainerDevice `json:"containers"`
 	Sources    []collector.SourceState     `json:"sources"`
+	GPUs       []agent.GPUInfo             `json:"gpus,omitempty"` // the enforcer's policy, max_inst and free_weight per GPU
 	// Notes say what the view cannot know (read without the agent, a
 	// source down); they are printed above the table.
 	Notes []string `json:"notes,omitempty"`
@@ -112,9 +114,11 @@ func renderSmi(w io.Writer, v *smiView, watch time.Duration) error {
 		if known {
 			b.WriteString(smiRow{gpu: fmt.Sprint(g), name: truncate(d.Name, colName),
 				util: percent(d.Utilization), mem: memory(d.MemoryUsedBytes, d.MemoryTotalBytes, true)}.String() + "\n")
-			// The uuid (40 characters) may run over the priority column, which is empty here.
+			// The uuid (40 characters) may run over the priority column, which is
+			// empty here; the enforcer's policy, max_inst and free_weight follow.
 			b.WriteString("| " + strings.Repeat(" ", colGPU+colGap) +
-				padRight(truncate(d.UUID, colName+colGap+colPrio), colName+colGap+colPrio+colGap+colUtil+colGap+colMem+colGap+colEnf) + " |\n")
+				padRight(truncate(d.UUID, colName+colGap+colPrio), colName+colGap+colPrio+colGap) +
+				padLeft(scheduling(v.GPUs, g), colUtil+colGap+colMem+colGap+colEnf) + " |\n")
 		} else {
 			b.WriteString(smiRow{gpu: fmt.Sprint(g), name: "(no device data)"}.String() + "\n")
 		}
@@ -252,4 +256,15 @@ func wrap(prefix, text string, width int) string {
 	}
 	b.WriteString(line + "\n")
 	return b.String()
+}
+
+// scheduling is GPU index's line of the enforcer's state, cGPU's free_weight
+// included; empty when the enforcer did not say.
+func scheduling(gpus []agent.GPUInfo, index int) string {
+	for _, g := range gpus {
+		if g.Index == index {
+			return fmt.Sprintf("%s  max_inst %d  free_weight %d", g.Policy, g.MaxInst, g.FreeWeight)
+		}
+	}
+	return ""
 }

@@ -16,7 +16,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
+	"unicode/utf8"
 
+	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/agent"
 	"github.com/gpuwarden/gpuwarden/collector"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
@@ -136,6 +138,39 @@ func fakeAgent(t *testing.T) *httptest.Server {
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
 	return srv
+}
+
+// TestSmiShowsFreeWeight: with the enforcer's answer, each GPU's line shows
+// its policy, max_inst and cGPU's free_weight, within the table's width.
+func TestSmiShowsFreeWeight(t *testing.T) {
+	cr, dr := smiFixture()
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /api/v1/containers", func(w http.ResponseWriter, r *http.Request) { _ = json.NewEncoder(w).Encode(cr) })
+	mux.HandleFunc("GET /api/v1/devices", func(w http.ResponseWriter, r *http.Request) { _ = json.NewEncoder(w).Encode(dr) })
+	mux.HandleFunc("GET /api/v1/gpus", func(w http.ResponseWriter, r *http.Request) {
+		_ = json.NewEncoder(w).Encode([]agent.GPUInfo{{Index: 1, Policy: "fair-share", PolicySet: true, MaxInst: 128, FreeWeight: 125, Containers: 3}})
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	var out, errb bytes.Buffer
+	if code := run([]string{"smi", "--agent", srv.URL}, &out, &errb); code != 0 {
+		t.Fatalf("smi: exit %d, stderr %s", code, errb.String())
+	}
+	var shown int
+	for _, l := range strings.Split(out.String(), "\n") {
+		if utf8.RuneCountInString(l) > smiWidth {
+			t.Errorf("line of %d columns: %q", utf8.RuneCountInString(l), l)
+		}
+		if strings.Contains(l, "fair-share  max_inst 128  free_weight 125") {
+			shown++
+			if !strings.Contains(l, dr.Devices[1].UUID) {
+				t.Errorf("GPU 1's state on another GPU's line: %q", l)
+			}
+		}
+	}
+	if shown != 1 {
+		t.Errorf("GPU 1's policy, max_inst and free_weight shown %d times, want once:\n%s", shown, out.String())
+	}
 }
 
 // tableOf drops the title line (its time is in the local zone).

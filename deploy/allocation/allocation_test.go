@@ -12,11 +12,11 @@ const (
 )
 
 func TestIDs(t *testing.T) {
-	g := GPU{UUID: gpuA, MemoryBytes: 8<<30 + 512<<20}
-	if got := IDs(g, Slot, 4); len(got) != 4 || got[3] != gpuA+"::slot-3" {
+	g := GPU{UUID: gpuA, MemoryBytes: 8<<30 + 512<<20, MaxInst: 4}
+	if got := IDs(g, Slot); len(got) != 4 || got[3] != gpuA+"::slot-3" {
 		t.Errorf("slots = %v", got)
 	}
-	if got := IDs(g, Memory, 4); len(got) != 8 || got[7] != gpuA+"::mem-7" {
+	if got := IDs(g, Memory); len(got) != 8 || got[7] != gpuA+"::mem-7" {
 		t.Errorf("memory = %v (a partial GiB is not a device)", got)
 	}
 	for _, s := range []string{gpuA + "::slot-3", gpuA + "::mem-0", "a::b::mem-12"} {
@@ -96,10 +96,11 @@ func TestPreferred(t *testing.T) {
 }
 
 func TestDecide(t *testing.T) {
-	gpus := map[string]GPU{gpuA: {UUID: gpuA, Index: 0, MemoryBytes: 10 << 30}, gpuB: {UUID: gpuB, Index: 1, MemoryBytes: 16 << 30}}
+	gpus := map[string]GPU{gpuA: {UUID: gpuA, Index: 0, MemoryBytes: 10 << 30, MaxInst: 3},
+		gpuB: {UUID: gpuB, Index: 1, MemoryBytes: 16 << 30, MaxInst: 4}}
 	look := func(u string) (GPU, bool) { g, ok := gpus[u]; return g, ok }
 
-	g, err := Decide(mem(gpuB, 3, 1, 2), look, 4)
+	g, err := Decide(mem(gpuB, 3, 1, 2), look)
 	if err != nil || g.MemoryLimitBytes != 3<<30 || g.Weight != 0 || g.GPU.Index != 1 || g.Count != 3 {
 		t.Fatalf("memory grant = %+v, %v", g, err)
 	}
@@ -116,7 +117,7 @@ func TestDecide(t *testing.T) {
 	}
 
 	// 10 GiB / 3 slots = 3413.33 MiB: whole MiB, times 2 slots.
-	g, err = Decide([]string{gpuA + "::slot-0", gpuA + "::slot-2"}, look, 3)
+	g, err = Decide([]string{gpuA + "::slot-0", gpuA + "::slot-2"}, look)
 	if err != nil || g.MemoryLimitBytes != 2*3413<<20 || g.Weight != 2 || g.Env(false)["GPUWARDEN_MEMORY_LIMIT"] != "6826Mi" ||
 		g.Env(false)["GPUWARDEN_COMPUTE_WEIGHT"] != "2" {
 		t.Fatalf("slot grant = %+v, %v", g, err)
@@ -126,14 +127,36 @@ func TestDecide(t *testing.T) {
 		append(mem(gpuA, 0), mem(gpuB, 0)...), // spans GPUs
 		mem("GPU-gone", 0),                    // unknown GPU
 		mem(gpuA, 10),                         // beyond its memory
-		{gpuA + "::slot-3"},                   // beyond maxInst
+		{gpuA + "::slot-3"},                   // beyond its MaxInst
 	} {
-		if g, err := Decide(bad, look, 3); err == nil {
+		if g, err := Decide(bad, look); err == nil {
 			t.Errorf("Decide(%v) = %+v, want an error", bad, g)
 		}
 	}
-	if _, err := Decide(append(mem(gpuA, 0), mem(gpuB, 0)...), look, 3); !errors.Is(err, ErrSpansGPUs) {
+	if _, err := Decide(append(mem(gpuA, 0), mem(gpuB, 0)...), look); !errors.Is(err, ErrSpansGPUs) {
 		t.Errorf("spanning GPUs: %v, want ErrSpansGPUs", err)
+	}
+	gpus[gpuA] = GPU{UUID: gpuA, MemoryBytes: 10 << 30}
+	if g, err := Decide(mem(gpuA, 0), look); err == nil {
+		t.Errorf("a GPU without max_inst: %+v, want an error", g)
+	}
+}
+
+// TestResize: slots grow freely and shrink no further than the highest
+// slot of the GPU the kubelet has assigned.
+func TestResize(t *testing.T) {
+	g := GPU{UUID: gpuA, Index: 2, MaxInst: 8}
+	inUse := []string{gpuA + "::slot-5", gpuA + "::mem-9", gpuB + "::slot-7", "junk"}
+	for n, ok := range map[int]bool{6: true, 8: true, 128: true, 5: false, 1: false, 0: false, 129: false} {
+		if err := Resize(g, n, inUse); (err == nil) != ok {
+			t.Errorf("Resize to %d with slot-5 assigned: %v, want ok %v", n, err, ok)
+		}
+	}
+	if err := Resize(g, 5, inUse); err == nil || !strings.Contains(err.Error(), "slot 5") {
+		t.Errorf("refusal %v does not name the assigned slot", err)
+	}
+	if err := Resize(g, 1, nil); err != nil {
+		t.Errorf("nothing assigned: %v", err)
 	}
 }
 

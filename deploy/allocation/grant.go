@@ -5,6 +5,8 @@ import (
 	"hash/fnv"
 	"sort"
 	"strings"
+
+	"github.com/gpuwarden/gpuwarden/enforcer/policy"
 )
 
 // Where things appear inside a container.
@@ -42,7 +44,7 @@ type Grant struct {
 // grant. gpu looks a GPU up by UUID. The ids must all be of one GPU and one
 // resource: a request spanning GPUs is refused (ErrSpansGPUs), since its
 // memory could not be enforced as one quota.
-func Decide(ids []string, gpu func(uuid string) (GPU, bool), maxInst int) (Grant, error) {
+func Decide(ids []string, gpu func(uuid string) (GPU, bool)) (Grant, error) {
 	uuid, kind, err := OneGPU(ids)
 	if err != nil {
 		return Grant{}, err
@@ -51,10 +53,10 @@ func Decide(ids []string, gpu func(uuid string) (GPU, bool), maxInst int) (Grant
 	if !ok {
 		return Grant{}, fmt.Errorf("GPU %s is not on this node", uuid)
 	}
-	if maxInst < 1 || maxInst > MaxMaxInst {
-		return Grant{}, fmt.Errorf("maxInst %d: want 1-%d", maxInst, MaxMaxInst)
+	if err := policy.CheckMaxInst(g.MaxInst); err != nil {
+		return Grant{}, fmt.Errorf("GPU %s: %w", uuid, err)
 	}
-	n := Count(g, kind, maxInst)
+	n := Count(g, kind)
 	for _, s := range ids {
 		if id, _ := ParseID(s); id.N >= n {
 			return Grant{}, fmt.Errorf("device %s: GPU %s has %d %s devices", s, uuid, n, kind)
@@ -64,11 +66,31 @@ func Decide(ids []string, gpu func(uuid string) (GPU, bool), maxInst int) (Grant
 	if kind == Memory {
 		gr.MemoryLimitBytes = uint64(len(ids)) * GiB
 	} else {
-		perSlot := g.MemoryBytes / uint64(maxInst) &^ (1<<20 - 1)
+		perSlot := g.MemoryBytes / uint64(g.MaxInst) &^ (1<<20 - 1)
 		gr.MemoryLimitBytes = uint64(len(ids)) * perSlot
 		gr.Weight = uint32(len(ids))
 	}
 	return gr, nil
+}
+
+// Resize checks that GPU g may have maxInst slots while the kubelet has
+// assigned the slot ids inUse (of any GPU): its slots can grow, and shrink
+// no further than the highest one assigned.
+func Resize(g GPU, maxInst int, inUse []string) error {
+	if err := policy.CheckMaxInst(maxInst); err != nil {
+		return err
+	}
+	need := 0
+	for _, s := range inUse {
+		if id, err := ParseID(s); err == nil && id.UUID == g.UUID && id.Kind == Slot {
+			need = max(need, id.N+1)
+		}
+	}
+	if maxInst < need {
+		return fmt.Errorf("max_inst %d: GPU %d (%s) has slot %d assigned to a container; no fewer than %d slots "+
+			"until it is released", maxInst, g.Index, g.UUID, need-1, need)
+	}
+	return nil
 }
 
 // DirName is the control directory of the allocation that holds ids: a

@@ -45,9 +45,6 @@ func (k Kind) String() string {
 	return "slot"
 }
 
-// MaxMaxInst bounds slots per GPU.
-const MaxMaxInst = 128
-
 // GiB is the size of one ResourceMemory device.
 const GiB = 1 << 30
 
@@ -56,6 +53,7 @@ type GPU struct {
 	UUID        string // NVML's "GPU-..." UUID
 	Index       int    // NVML index; the device node is /dev/nvidia<Index>
 	MemoryBytes uint64
+	MaxInst     int // its slots: the enforcer's max_inst (policy.CheckMaxInst)
 }
 
 // ID is a parsed device id: "<uuid>::slot-<n>" or "<uuid>::mem-<n>".
@@ -90,18 +88,18 @@ func ParseID(s string) (ID, error) {
 	return ID{}, fmt.Errorf("device id %q: unknown kind %q", s, kind)
 }
 
-// Count is how many devices of a kind one GPU has: maxInst slots, or one
+// Count is how many devices of a kind one GPU has: MaxInst slots, or one
 // per whole GiB of its memory.
-func Count(g GPU, k Kind, maxInst int) int {
+func Count(g GPU, k Kind) int {
 	if k == Memory {
 		return int(g.MemoryBytes / GiB)
 	}
-	return maxInst
+	return g.MaxInst
 }
 
 // IDs lists a GPU's device ids of one kind.
-func IDs(g GPU, k Kind, maxInst int) []string {
-	n := Count(g, k, maxInst)
+func IDs(g GPU, k Kind) []string {
+	n := Count(g, k)
 	out := make([]string, n)
 	for i := range out {
 		out[i] = ID{g.UUID, k, i}.String()

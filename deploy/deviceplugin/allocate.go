@@ -14,7 +14,7 @@ import (
 // allocate decides one container's grant, writes its control block and
 // says what the container gets.
 func (p *Plugin) allocate(kind allocation.Kind, ids []string) (*pluginapi.ContainerAllocateResponse, error) {
-	g, err := allocation.Decide(ids, p.healthyGPU, p.cfg.MaxInst)
+	g, err := allocation.Decide(ids, p.healthyGPU)
 	if err != nil {
 		return nil, err
 	}

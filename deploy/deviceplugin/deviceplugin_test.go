@@ -56,6 +56,7 @@ type rig struct {
 	kubelet *kubelettest.DevicePlugins
 	cfg     deviceplugin.Config
 	gpus    *fakeGPUs
+	p       *deviceplugin.Plugin
 }
 
 // start runs a plugin with two GPUs against a test kubelet until the test ends.
@@ -86,6 +87,7 @@ func start(t *testing.T, change func(*deviceplugin.Config), devices func() ([]nv
 	if err != nil {
 		t.Fatal(err)
 	}
+	r.p = p
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error)
 	go func() { done <- p.Run(ctx) }()
@@ -323,6 +325,39 @@ func TestAllocate(t *testing.T) {
 			t.Errorf("allocate without the interposer on the host: %v", err)
 		}
 	})
+}
+
+// TestSetMaxInst: a GPU's slots follow its max_inst at once, an allocation
+// takes the new per-slot quota, and slots the kubelet has assigned are never
+// taken away.
+func TestSetMaxInst(t *testing.T) {
+	r := start(t, nil, nil)
+	r.kubelet.WaitDevices(t, allocation.ResourceGPU, func(d []*pluginapi.Device) bool { return len(d) == 8 })
+	if err := r.p.SetMaxInst(1, 8, nil); err != nil {
+		t.Fatal(err)
+	}
+	slots := r.kubelet.WaitDevices(t, allocation.ResourceGPU, func(d []*pluginapi.Device) bool { return len(d) == 12 })
+	if healthOf(slots, uuid1+"::slot-7") != pluginapi.Healthy || healthOf(slots, uuid0+"::slot-4") != "missing" {
+		t.Errorf("after max_inst 8 on GPU 1: %d slots", len(slots))
+	}
+	resp, err := r.kubelet.Client(t, allocation.ResourceGPU).Allocate(context.Background(), allocReq(uuid1+"::slot-6"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.ContainerResponses[0].Envs["GPUWARDEN_MEMORY_LIMIT"]; got != "2Gi" {
+		t.Errorf("a slot of 16 GiB / 8: limit %s, want 2Gi", got)
+	}
+	inUse := []string{uuid1 + "::slot-6", uuid0 + "::slot-3"}
+	if err := r.p.SetMaxInst(1, 6, inUse); err == nil || !strings.Contains(err.Error(), "slot 6") {
+		t.Errorf("max_inst 6 with slot-6 assigned: %v, want a refusal naming it", err)
+	}
+	if err := r.p.SetMaxInst(1, 7, inUse); err != nil {
+		t.Errorf("max_inst 7 with slot-6 assigned: %v", err)
+	}
+	if err := r.p.SetMaxInst(0, 0, nil); err == nil {
+		t.Error("max_inst 0 accepted")
+	}
+	r.kubelet.WaitDevices(t, allocation.ResourceGPU, func(d []*pluginapi.Device) bool { return len(d) == 11 })
 }
 
 func TestAllocateLdSoPreload(t *testing.T) {

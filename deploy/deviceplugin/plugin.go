@@ -18,6 +18,7 @@ import (
 
 	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
+	"github.com/gpuwarden/gpuwarden/enforcer/policy"
 )
 
 // Preload modes: how the interposer gets into a container's processes.
@@ -29,7 +30,7 @@ const (
 // Config is the device plugin's part of the agent's configuration
 // (devicePlugin.* keys).
 type Config struct {
-	MaxInst        int           // slots per GPU (the enforcer's max_inst)
+	MaxInst        int           // slots per GPU (its max_inst) unless SetMaxInst sets a GPU's
 	KubeletDir     string        // the kubelet's device-plugins directory (kubelet.sock is in it)
 	ControlDir     string        // the control directory, a host path (the agent mounts it at the same path)
 	InterposerPath string        // libgpuwarden.so on the host
@@ -42,8 +43,8 @@ type Config struct {
 // Validate checks a config; it changes nothing.
 func (c Config) Validate() error {
 	var errs []error
-	if c.MaxInst < 1 || c.MaxInst > allocation.MaxMaxInst {
-		errs = append(errs, fmt.Errorf("devicePlugin.maxInst %d: want 1-%d", c.MaxInst, allocation.MaxMaxInst))
+	if policy.CheckMaxInst(c.MaxInst) != nil {
+		errs = append(errs, fmt.Errorf("devicePlugin.maxInst %d: want 1-%d", c.MaxInst, policy.MaxMaxInst))
 	}
 	for _, p := range []struct{ key, v string }{{"devicePlugin.kubeletDir", c.KubeletDir}, {"controlDir", c.ControlDir},
 		{"devicePlugin.interposerPath", c.InterposerPath}, {"devicePlugin.deviceRoot", c.DeviceRoot}} {
@@ -74,6 +75,7 @@ type Plugin struct {
 
 	mu      sync.Mutex
 	gpus    map[string]*gpuState // by UUID; a GPU once seen stays, unhealthy when gone
+	maxInst map[int]int          // slots by GPU index, where SetMaxInst set them
 	changed chan struct{}        // closed and replaced when the device list changes
 }
 
@@ -90,7 +92,7 @@ func New(cfg Config, devices func() ([]nvmldev.Device, error), log *slog.Logger)
 		log = slog.Default()
 	}
 	return &Plugin{cfg: cfg, devices: devices, log: log.With("component", "deviceplugin"),
-		gpus: map[string]*gpuState{}, changed: make(chan struct{})}, nil
+		gpus: map[string]*gpuState{}, maxInst: map[int]int{}, changed: make(chan struct{})}, nil
 }
 
 // Run serves both resources until ctx ends: it registers them with the
@@ -180,9 +182,44 @@ func (p *Plugin) refresh() {
 		}
 	}
 	if change {
-		close(p.changed)
-		p.changed = make(chan struct{})
+		p.changedLocked()
 	}
+}
+
+// changedLocked tells the listeners that the device list changed.
+func (p *Plugin) changedLocked() {
+	close(p.changed)
+	p.changed = make(chan struct{})
+}
+
+// slotsLocked is a GPU's max_inst: set by SetMaxInst, else the configured one.
+func (p *Plugin) slotsLocked(index int) int {
+	if n, ok := p.maxInst[index]; ok {
+		return n
+	}
+	return p.cfg.MaxInst
+}
+
+// SetMaxInst changes GPU index's slots (its max_inst), refusing to take away
+// a slot the kubelet has assigned (inUse: the slot ids assigned now); the
+// kubelet hears of the new device list at once.
+func (p *Plugin) SetMaxInst(index, n int, inUse []string) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	g := allocation.GPU{Index: index, MaxInst: p.slotsLocked(index)}
+	for _, s := range p.gpus {
+		if s.Index == index {
+			g.UUID = s.UUID
+		}
+	}
+	if err := allocation.Resize(g, n, inUse); err != nil {
+		return err
+	}
+	if n != g.MaxInst {
+		p.maxInst[index] = n
+		p.changedLocked()
+	}
+	return nil
 }
 
 // snapshot returns the GPUs ordered by index and a channel closed at the
@@ -192,7 +229,9 @@ func (p *Plugin) snapshot() ([]gpuState, <-chan struct{}) {
 	defer p.mu.Unlock()
 	out := make([]gpuState, 0, len(p.gpus))
 	for _, g := range p.gpus {
-		out = append(out, *g)
+		s := *g
+		s.MaxInst = p.slotsLocked(g.Index)
+		out = append(out, s)
 	}
 	sort.Slice(out, func(i, j int) bool {
 		return out[i].Index < out[j].Index || out[i].Index == out[j].Index && out[i].UUID < out[j].UUID
@@ -208,5 +247,7 @@ func (p *Plugin) healthyGPU(uuid string) (allocation.GPU, bool) {
 	if !ok || !g.healthy {
 		return allocation.GPU{}, false
 	}
-	return g.GPU, true
+	out := g.GPU
+	out.MaxInst = p.slotsLocked(g.Index)
+	return out, true
 }

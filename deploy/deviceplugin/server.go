@@ -147,7 +147,7 @@ func (s *server) list(gpus []gpuState) []*pluginapi.Device {
 		if !g.healthy {
 			health = pluginapi.Unhealthy
 		}
-		for _, id := range allocation.IDs(g.GPU, s.kind, s.p.cfg.MaxInst) {
+		for _, id := range allocation.IDs(g.GPU, s.kind) {
 			out = append(out, &pluginapi.Device{ID: id, Health: health})
 		}
 	}

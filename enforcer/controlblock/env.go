@@ -2,6 +2,7 @@ package controlblock
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -58,9 +59,21 @@ func parseSize(s string) (uint64, bool) {
 	return v << shift, true
 }
 
-// ParseMemoryList parses GPUWARDEN_MEMORY_LIMIT's value: "6Gi", "512Mi",
-// "3Gi,4Gi,5Gi"; a bare number is GiB; the last value repeats.
-func ParseMemoryList(s string) ([MaxDevices]uint64, bool) {
+// maxGiB is the largest cGPU memory value, in GiB.
+const maxGiB = 1 << 20
+
+// parseGiB parses one cGPU memory value: an integer number of GiB.
+func parseGiB(s string) (uint64, bool) {
+	v, ok := parseDigits(s)
+	if !ok || v > maxGiB {
+		return 0, false
+	}
+	return v << 30, true
+}
+
+// parseList parses a per-device list: values for ordinals 0, 1, ... in
+// order, at most MaxDevices, the last repeating for the rest.
+func parseList(s string, one func(string) (uint64, bool)) ([MaxDevices]uint64, bool) {
 	var out [MaxDevices]uint64
 	if s == "" {
 		return out, false
@@ -70,7 +83,7 @@ func ParseMemoryList(s string) ([MaxDevices]uint64, bool) {
 		return out, false
 	}
 	for i, p := range parts {
-		v, ok := parseSize(p)
+		v, ok := one(p)
 		if !ok {
 			return out, false
 		}
@@ -81,6 +94,15 @@ func ParseMemoryList(s string) ([MaxDevices]uint64, bool) {
 	}
 	return out, true
 }
+
+// ParseMemoryList parses GPUWARDEN_MEMORY_LIMIT's value: "6Gi", "512Mi",
+// "3Gi,4Gi,5Gi"; a bare number is GiB; the last value repeats.
+func ParseMemoryList(s string) ([MaxDevices]uint64, bool) { return parseList(s, parseSize) }
+
+// ParseGiBList parses cGPU's ALIYUN_COM_GPU_MEM_CONTAINER: integers of GiB
+// per device, "3" (every device), "3,1" (3 on the first, 1 on the others),
+// "3,4,5,6"; the last value repeats.
+func ParseGiBList(s string) ([MaxDevices]uint64, bool) { return parseList(s, parseGiB) }
 
 func parseInt(s string, lo, hi uint64) (uint32, bool) {
 	v, ok := parseDigits(s)
@@ -96,19 +118,21 @@ func ParseEnv(lookup func(string) (string, bool)) (Env, error) {
 	v, vok := lookup("GPUWARDEN_MEMORY_LIMIT")
 	cont, cok := lookup("ALIYUN_COM_GPU_MEM_CONTAINER")
 	dev, dok := lookup("ALIYUN_COM_GPU_MEM_DEV")
-	var contGiB, devGiB uint32
+	var contMem [MaxDevices]uint64
+	var devGiB uint32
 	var ok bool
 	if dok {
-		if devGiB, ok = parseInt(dev, 1, 1<<20); !ok {
+		if devGiB, ok = parseInt(dev, 1, maxGiB); !ok {
 			return e, &EnvError{"ALIYUN_COM_GPU_MEM_DEV", dev, "want the device's memory in GiB, an integer from 1"}
 		}
 	}
 	if cok {
-		if contGiB, ok = parseInt(cont, 0, 1<<20); !ok {
-			return e, &EnvError{"ALIYUN_COM_GPU_MEM_CONTAINER", cont, "want the container's memory in GiB, an integer (0: no limit)"}
+		if contMem, ok = ParseGiBList(cont); !ok {
+			return e, &EnvError{"ALIYUN_COM_GPU_MEM_CONTAINER", cont, fmt.Sprintf("want the container's memory in GiB "+
+				"per device, integers such as 3 or 3,1 (the last repeats, at most %d values, 0: no limit)", MaxDevices)}
 		}
 	}
-	if cok && dok && contGiB > devGiB {
+	if cok && dok && slices.Max(contMem[:]) > uint64(devGiB)<<30 {
 		return e, &EnvError{"ALIYUN_COM_GPU_MEM_CONTAINER", cont, "more than ALIYUN_COM_GPU_MEM_DEV"}
 	}
 	if vok {
@@ -117,9 +141,7 @@ func ParseEnv(lookup func(string) (string, bool)) (Env, error) {
 		}
 		e.MemSet = true
 	} else if cok {
-		for i := range e.MemLimit {
-			e.MemLimit[i] = uint64(contGiB) << 30
-		}
+		e.MemLimit = contMem
 		e.MemSet = true
 	}
 

@@ -32,6 +32,11 @@ func TestParseEnv(t *testing.T) {
 		{env: map[string]string{"GPUWARDEN_MEMORY_LIMIT": "0,1Gi"}, mem: []uint64{0, gi, gi}, weight: 1},
 		{env: map[string]string{"ALIYUN_COM_GPU_MEM_CONTAINER": "3", "ALIYUN_COM_GPU_MEM_DEV": "16"}, mem: []uint64{3 * gi}, weight: 1},
 		{env: map[string]string{"GPUWARDEN_MEMORY_LIMIT": "1Gi", "ALIYUN_COM_GPU_MEM_CONTAINER": "3"}, mem: []uint64{gi}, weight: 1},
+		{env: map[string]string{"ALIYUN_COM_GPU_MEM_CONTAINER": "3,1"}, mem: []uint64{3 * gi, gi}, weight: 1},
+		{env: map[string]string{"ALIYUN_COM_GPU_MEM_CONTAINER": "3,4,5,6"}, mem: []uint64{3 * gi, 4 * gi, 5 * gi, 6 * gi}, weight: 1},
+		{env: map[string]string{"ALIYUN_COM_GPU_MEM_CONTAINER": "0,2"}, mem: []uint64{0, 2 * gi}, weight: 1},
+		{env: map[string]string{"ALIYUN_COM_GPU_MEM_CONTAINER": "3,16", "ALIYUN_COM_GPU_MEM_DEV": "16"}, mem: []uint64{3 * gi, 16 * gi}, weight: 1},
+		{env: map[string]string{"GPUWARDEN_MEMORY_LIMIT": "1Gi", "ALIYUN_COM_GPU_MEM_CONTAINER": "3,1"}, mem: []uint64{gi}, weight: 1},
 		{env: map[string]string{"GPUWARDEN_COMPUTE_WEIGHT": "3", "ALIYUN_COM_GPU_SCHD_WEIGHT": "5"}, mem: []uint64{0}, weight: 3},
 		{env: map[string]string{"ALIYUN_COM_GPU_SCHD_WEIGHT": "5"}, mem: []uint64{0}, weight: 5},
 		{env: map[string]string{"GPUWARDEN_COMPUTE_LIMIT": "30%", "GPUWARDEN_PRIORITY": "high"}, mem: []uint64{0}, weight: 1, limit: 30, high: true},
@@ -44,6 +49,14 @@ func TestParseEnv(t *testing.T) {
 		{env: map[string]string{"GPUWARDEN_MEMORY_LIMIT": strings.Repeat("1,", 16) + "1"}, errVar: "GPUWARDEN_MEMORY_LIMIT"},
 		{env: map[string]string{"ALIYUN_COM_GPU_MEM_CONTAINER": "x"}, errVar: "ALIYUN_COM_GPU_MEM_CONTAINER"},
 		{env: map[string]string{"ALIYUN_COM_GPU_MEM_CONTAINER": "20", "ALIYUN_COM_GPU_MEM_DEV": "16"}, errVar: "ALIYUN_COM_GPU_MEM_CONTAINER"},
+		{env: map[string]string{"ALIYUN_COM_GPU_MEM_CONTAINER": "3,20", "ALIYUN_COM_GPU_MEM_DEV": "16"}, errVar: "ALIYUN_COM_GPU_MEM_CONTAINER"},
+		{env: map[string]string{"ALIYUN_COM_GPU_MEM_CONTAINER": "3,"}, errVar: "ALIYUN_COM_GPU_MEM_CONTAINER"},
+		{env: map[string]string{"ALIYUN_COM_GPU_MEM_CONTAINER": ",1"}, errVar: "ALIYUN_COM_GPU_MEM_CONTAINER"},
+		{env: map[string]string{"ALIYUN_COM_GPU_MEM_CONTAINER": "3Gi,1"}, errVar: "ALIYUN_COM_GPU_MEM_CONTAINER"},
+		{env: map[string]string{"ALIYUN_COM_GPU_MEM_CONTAINER": "3, 1"}, errVar: "ALIYUN_COM_GPU_MEM_CONTAINER"},
+		{env: map[string]string{"ALIYUN_COM_GPU_MEM_CONTAINER": "1048577"}, errVar: "ALIYUN_COM_GPU_MEM_CONTAINER"},
+		{env: map[string]string{"ALIYUN_COM_GPU_MEM_CONTAINER": strings.Repeat("1,", 16) + "1"}, errVar: "ALIYUN_COM_GPU_MEM_CONTAINER"},
+		{env: map[string]string{"ALIYUN_COM_GPU_MEM_CONTAINER": ""}, errVar: "ALIYUN_COM_GPU_MEM_CONTAINER"},
 		{env: map[string]string{"ALIYUN_COM_GPU_MEM_DEV": "0"}, errVar: "ALIYUN_COM_GPU_MEM_DEV"},
 		{env: map[string]string{"GPUWARDEN_COMPUTE_WEIGHT": "0"}, errVar: "GPUWARDEN_COMPUTE_WEIGHT"},
 		{env: map[string]string{"ALIYUN_COM_GPU_SCHD_WEIGHT": "1001"}, errVar: "ALIYUN_COM_GPU_SCHD_WEIGHT"},
@@ -126,6 +139,12 @@ var differential = []map[string]string{
 	{"GPUWARDEN_MEMORY_LIMIT": "1gi"}, {"GPUWARDEN_MEMORY_LIMIT": " 1Gi"}, {"GPUWARDEN_MEMORY_LIMIT": "18446744073709551615Ki"},
 	{"ALIYUN_COM_GPU_MEM_CONTAINER": "4", "ALIYUN_COM_GPU_MEM_DEV": "8", "ALIYUN_COM_GPU_SCHD_WEIGHT": "2"},
 	{"ALIYUN_COM_GPU_MEM_CONTAINER": "0"}, {"ALIYUN_COM_GPU_MEM_DEV": "x", "ALIYUN_COM_GPU_MEM_CONTAINER": "y"},
+	{"ALIYUN_COM_GPU_MEM_CONTAINER": "3,1"}, {"ALIYUN_COM_GPU_MEM_CONTAINER": "3,4,5,6"},
+	{"ALIYUN_COM_GPU_MEM_CONTAINER": "3,9", "ALIYUN_COM_GPU_MEM_DEV": "8"},
+	{"ALIYUN_COM_GPU_MEM_CONTAINER": "8,0,8", "ALIYUN_COM_GPU_MEM_DEV": "8"},
+	{"ALIYUN_COM_GPU_MEM_CONTAINER": "1048576,1048577"}, {"ALIYUN_COM_GPU_MEM_CONTAINER": strings.Repeat("2,", 15) + "2"},
+	{"ALIYUN_COM_GPU_MEM_CONTAINER": strings.Repeat("2,", 16) + "2"}, {"ALIYUN_COM_GPU_MEM_CONTAINER": "1,,2"},
+	{"ALIYUN_COM_GPU_MEM_CONTAINER": "4Gi"}, {"GPUWARDEN_MEMORY_LIMIT": "2Gi", "ALIYUN_COM_GPU_MEM_CONTAINER": "3,1"},
 	{"GPUWARDEN_COMPUTE_LIMIT": "100"}, {"GPUWARDEN_COMPUTE_LIMIT": "50%%"}, {"GPUWARDEN_PRIORITY": "normal"},
 	{"GPUWARDEN_CONTROL_DIR": "/tmp/x y"}, {"GPUWARDEN_CONTROL_DIR": "/" + strings.Repeat("a", 254)},
 	{"GPUWARDEN_CONTROL_DIR": "/" + strings.Repeat("a", 253)}, {"GPUWARDEN_COMPUTE_WEIGHT": "01000"},
@@ -159,6 +178,30 @@ func FuzzParseEnv(f *testing.F) {
 		}
 		if e.Weight < 1 || e.ComputeLimit > 100 || !strings.HasPrefix(e.ControlDir, "/") || !e.MemSet {
 			t.Fatalf("accepted %v as %+v", env, e)
+		}
+	})
+}
+
+// FuzzParseGiBList: cGPU's list is whole GiB per device within range, and
+// what it accepts reads back the same written as cGPU would write it.
+func FuzzParseGiBList(f *testing.F) {
+	for _, s := range []string{"3", "3,1", "3,4,5,6", "0", "1,,2", "1048577", "3Gi", strings.Repeat("1,", 16) + "1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		mem, ok := ParseGiBList(s)
+		if !ok {
+			return
+		}
+		vals := make([]string, MaxDevices)
+		for i, v := range mem {
+			if v%(1<<30) != 0 || v > maxGiB<<30 {
+				t.Fatalf("ParseGiBList(%q) = %v", s, mem)
+			}
+			vals[i] = fmt.Sprint(v >> 30)
+		}
+		if again, ok := ParseGiBList(strings.Join(vals, ",")); !ok || again != mem {
+			t.Fatalf("ParseGiBList(%q) = %v, written back %v", s, mem, again)
 		}
 	})
 }

@@ -17,7 +17,8 @@
 //
 // On top of any policy: a high-priority container that is busy takes what it
 // wants (within its own policy share and cap) and the others share what it
-// leaves; a hard cap (percent) bounds a container's share.
+// leaves; a hard cap (percent) bounds a container's share under every gated
+// policy (a capped container does not borrow under soft).
 package policy
 
 import (
@@ -41,11 +42,41 @@ const (
 
 // Defaults when nothing is configured: cGPU's max_inst, and preemptive
 // sharing (each busy container gets 1/busy) unless a weight asks for weighted.
+//
+// max_inst is one number per GPU: the containers (slots) the device plugin
+// offers on it and the 1/max_inst that fair-share and fixed divide it by.
 const (
-	DefaultMaxInst = 16
+	DefaultMaxInst = 4
+	MaxMaxInst     = 128
 	DefaultPolicy  = Preemptive
 	MaxWeight      = 1000
 )
+
+// MaxInst is the max_inst in force for a setting of n: n, or DefaultMaxInst for 0.
+func MaxInst(n int) int {
+	if n <= 0 {
+		return DefaultMaxInst
+	}
+	return n
+}
+
+// CheckMaxInst checks a GPU's max_inst: 1-MaxMaxInst.
+func CheckMaxInst(n int) error {
+	if n < 1 || n > MaxMaxInst {
+		return fmt.Errorf("max_inst %d: want 1-%d", n, MaxMaxInst)
+	}
+	return nil
+}
+
+// FreeWeight is cGPU's free_weight: what is left of a GPU's max_inst once
+// the weights of the containers on it are taken (never below 0).
+func FreeWeight(maxInst int, cs []Container) int {
+	left := float64(MaxInst(maxInst))
+	for _, c := range cs {
+		left -= weight(c)
+	}
+	return int(max(left, 0))
+}
 
 var names = [...]string{"fair-share", "preemptive", "weighted", "fixed", "soft", "native"}
 
@@ -91,7 +122,8 @@ type Share struct {
 	// Target is the share of the device's time the container is held to,
 	// 0-1; for an idle container, what it gets as soon as it is busy.
 	Target float64
-	// Borrow: it may use more than Target while others leave time unused (soft).
+	// Borrow: it may use more than Target while others leave time unused
+	// (soft, and only a container without a cap: a cap holds under every policy).
 	Borrow bool
 }
 
@@ -134,6 +166,10 @@ func capOf(c Container) float64 {
 	return float64(c.CapPercent) / 100
 }
 
+// borrows says whether c may use time others leave beyond its target: under
+// soft, unless a cap bounds it.
+func borrows(p Policy, c Container) bool { return p == Soft && capOf(c) >= 1 }
+
 // base computes the policy's shares among the containers in idx alone, caps applied.
 func base(p Policy, maxInst int, cs []Container, idx []int, out []float64) {
 	var busy int
@@ -174,11 +210,9 @@ func base(p Policy, maxInst int, cs []Container, idx []int, out []float64) {
 }
 
 // Shares computes each container's share of the device under policy p with
-// maxInst slots (0: DefaultMaxInst). The result is in the order of cs.
+// maxInst slots (see MaxInst). The result is in the order of cs.
 func Shares(p Policy, maxInst int, cs []Container) []Share {
-	if maxInst <= 0 {
-		maxInst = DefaultMaxInst
-	}
+	maxInst = MaxInst(maxInst)
 	out := make([]Share, len(cs))
 	t := make([]float64, len(cs))
 	if p == Native {
@@ -224,7 +258,7 @@ func Shares(p Policy, maxInst int, cs []Container) []Share {
 		}
 	}
 	for i := range out {
-		out[i] = Share{Target: t[i], Borrow: p == Soft}
+		out[i] = Share{Target: t[i], Borrow: borrows(p, cs[i])}
 	}
 	return out
 }

@@ -59,11 +59,70 @@ func TestShares(t *testing.T) {
 				if math.Abs(got[i].Target-w) > 1e-9 {
 					t.Errorf("container %d: target %.4f, want %.4f (all: %+v)", i, got[i].Target, w, got)
 				}
-				if got[i].Borrow != (tc.p == Soft) {
-					t.Errorf("container %d: borrow %v under %v", i, got[i].Borrow, tc.p)
+				if want := tc.p == Soft && tc.cs[i].CapPercent == 0; got[i].Borrow != want {
+					t.Errorf("container %d: borrow %v under %v, want %v", i, got[i].Borrow, tc.p, want)
 				}
 			}
 		})
+	}
+}
+
+// TestCapUnderEveryPolicy: a capped container's target never passes its cap
+// and it never borrows, whatever the gated policy, its priority and its
+// partners; a cap of 100 (or none) leaves soft's borrowing as it is.
+func TestCapUnderEveryPolicy(t *testing.T) {
+	partners := map[string][]Container{
+		"alone":          nil,
+		"busy partner":   {c(1, 0, "b")},
+		"idle partner":   {c(1, 0, "p")},
+		"busy high":      {c(1, 0, "bh")},
+		"heavier weight": {c(5, 0, "b"), c(1, 0, "p")},
+	}
+	for p := FairShare; p < Native; p++ {
+		for _, capPct := range []int{0, 30, 100} {
+			for _, flags := range []string{"b", "bh"} {
+				for name, others := range partners {
+					me := c(3, capPct, flags)
+					got := Shares(p, 4, append([]Container{me}, others...))[0]
+					limit := 1.0
+					if capPct > 0 {
+						limit = float64(capPct) / 100
+					}
+					if got.Target > limit+1e-9 {
+						t.Errorf("%v, cap %d%%, %q, %s: target %.3f past the cap", p, capPct, flags, name, got.Target)
+					}
+					if want := p == Soft && limit == 1; got.Borrow != want {
+						t.Errorf("%v, cap %d%%, %q, %s: borrow %v, want %v", p, capPct, flags, name, got.Borrow, want)
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestMaxInst(t *testing.T) {
+	if MaxInst(0) != DefaultMaxInst || MaxInst(7) != 7 {
+		t.Errorf("MaxInst(0) = %d, MaxInst(7) = %d", MaxInst(0), MaxInst(7))
+	}
+	for n, ok := range map[int]bool{0: false, 1: true, 128: true, 129: false, -1: false} {
+		if err := CheckMaxInst(n); (err == nil) != ok {
+			t.Errorf("CheckMaxInst(%d) = %v", n, err)
+		}
+	}
+	if fs := Shares(FairShare, 0, []Container{c(1, 0, "b")}); fs[0].Target != 1./DefaultMaxInst {
+		t.Errorf("fair-share with the default max_inst: %v", fs)
+	}
+	for _, tc := range []struct {
+		maxInst int
+		cs      []Container
+		want    int
+	}{
+		{4, nil, 4}, {4, []Container{c(1, 0, "b"), c(0, 0, "")}, 2}, {0, []Container{c(3, 0, "b")}, DefaultMaxInst - 3},
+		{4, []Container{c(3, 0, "b"), c(2, 0, "b")}, 0},
+	} {
+		if got := FreeWeight(tc.maxInst, tc.cs); got != tc.want {
+			t.Errorf("FreeWeight(%d, %v) = %d, want %d", tc.maxInst, tc.cs, got, tc.want)
+		}
 	}
 }
 

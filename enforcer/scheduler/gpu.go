@@ -153,11 +153,29 @@ func (g *gpu) plan(now time.Time, cfg Config) {
 			Present: m.c.reserved[g.dev] > 0 || m.busy, Busy: m.busy}
 	}
 	g.eff = policy.Effective(g.settings.Policy, g.settings.PolicySet, cs)
-	shares := policy.Shares(g.eff, g.settings.MaxInst, cs)
+	shares := policy.Shares(g.eff, g.maxInst(cfg), cs)
 	for i, m := range g.members {
 		m.target, m.borrow = shares[i].Target, shares[i].Borrow
 		m.c.setGate(g.dev, g.eff.Gated())
 	}
+}
+
+// maxInst is the GPU's max_inst in force: its own, else the node's.
+func (g *gpu) maxInst(cfg Config) int {
+	if g.settings.MaxInst > 0 {
+		return g.settings.MaxInst
+	}
+	return policy.MaxInst(cfg.MaxInst)
+}
+
+func (g *gpu) status(cfg Config) GPUStatus {
+	cs := make([]policy.Container, len(g.members))
+	for i, m := range g.members {
+		cs[i] = policy.Container{Weight: m.c.eff.Weight}
+	}
+	n := g.maxInst(cfg)
+	return GPUStatus{Device: g.dev, Policy: g.eff, PolicySet: g.settings.PolicySet, MaxInst: n,
+		FreeWeight: policy.FreeWeight(n, cs), Containers: len(g.members)}
 }
 
 // accrue brings credit up to now: earned at the target share of the wall
@@ -383,12 +401,12 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 	}
 	g.release(g.owner, now, cfg)
 	// Soft: while the owner leaves the device idle (it does not wait at its
-	// gate), the waiting container with the most credit borrows, paying for
-	// the tickets it takes.
-	if o := g.owner; o.borrow && !o.waiting {
+	// gate), the waiting container that may borrow with the most credit
+	// does, paying for the tickets it takes.
+	if o := g.owner; !o.waiting {
 		var b *member
 		for _, m := range g.active {
-			if m != o && m.waiting && (b == nil || m.credit > b.credit) {
+			if m != o && m.borrow && m.waiting && (b == nil || m.credit > b.credit) {
 				b = m
 			}
 		}

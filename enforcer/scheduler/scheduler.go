@@ -57,6 +57,7 @@ type Config struct {
 	Heartbeat time.Duration // how often heartbeats are written (default 100ms)
 	Ledger    time.Duration // how often ledgers are read for claims and throttled time (default 500ms)
 	IdlePoll  time.Duration // how often, at most, an idle container's gate is looked at (default 100ms; every tick on GPUs shared by fewer than 64)
+	MaxInst   int           // every GPU's max_inst unless SetGPU sets one (0: policy.MaxInst's default)
 }
 
 func (c *Config) defaults() {
@@ -89,7 +90,17 @@ type Settings struct {
 type GPUSettings struct {
 	Policy    policy.Policy
 	PolicySet bool // false: policy.Effective chooses (weighted when a weight is above 1)
-	MaxInst   int  // 0: policy.DefaultMaxInst
+	MaxInst   int  // 0: Config.MaxInst
+}
+
+// GPUStatus is one GPU's scheduling state.
+type GPUStatus struct {
+	Device     int
+	Policy     policy.Policy // in force
+	PolicySet  bool
+	MaxInst    int // in force
+	FreeWeight int // cGPU's free_weight: max_inst less its containers' weights
+	Containers int
 }
 
 // Status is one container's state on one device.
@@ -260,8 +271,10 @@ func (s *Scheduler) SetGPU(dev int, gs GPUSettings) error {
 	if gs.PolicySet && !gs.Policy.Valid() {
 		return fmt.Errorf("set gpu %d: %v is not a policy", dev, gs.Policy)
 	}
-	if gs.MaxInst < 0 || gs.MaxInst > 1000 {
-		return fmt.Errorf("set gpu %d: max_inst %d: want 1-1000", dev, gs.MaxInst)
+	if gs.MaxInst != 0 {
+		if err := policy.CheckMaxInst(gs.MaxInst); err != nil {
+			return fmt.Errorf("set gpu %d: %w", dev, err)
+		}
 	}
 	if dev < 0 || dev >= controlblock.MaxDevices {
 		return fmt.Errorf("set gpu %d: no such device", dev)
@@ -331,6 +344,31 @@ func (s *Scheduler) Status() []Status {
 		return out[i].Device < out[j].Device
 	})
 	return out
+}
+
+// GPUs returns the scheduling state of each GPU that has containers or
+// settings, by device.
+func (s *Scheduler) GPUs() []GPUStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []GPUStatus
+	for _, g := range s.gpus {
+		out = append(out, g.status(s.cfg))
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Device < out[j].Device })
+	return out
+}
+
+// GPU returns one GPU's scheduling state; a GPU with neither containers nor
+// settings has the defaults.
+func (s *Scheduler) GPU(dev int) GPUStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.gpus[dev]
+	if g == nil {
+		g = &gpu{dev: dev, eff: policy.Effective(0, false, nil)}
+	}
+	return g.status(s.cfg)
 }
 
 // PidMapper maps a process to a container by the pids in the ledgers (the

@@ -130,6 +130,21 @@ func TestFairShareIdlePartner(t *testing.T) {
 	within(t, "a", s["a"], 0.08, 0.33)
 }
 
+// TestFairShareDefaultMaxInst: fair-share on a GPU whose max_inst nobody set
+// takes the default, the device plugin's 4 slots: each busy container gets
+// 25%, and free_weight is what two containers of weight 1 leave of 4.
+func TestFairShareDefaultMaxInst(t *testing.T) {
+	r := start(t, scheduler.GPUSettings{Policy: policy.FairShare, PolicySet: true})
+	spawn(t, r, named(claims(), "a", busyWork(4)), named(claims(), "b", busyWork(4)))
+	s := shares(t, r, time.Second, 2500*time.Millisecond)
+	within(t, "a", s["a"], 0.17, 0.33)
+	within(t, "b", s["b"], 0.17, 0.33)
+	gs := r.Sched.GPUs()
+	if len(gs) != 1 || gs[0].MaxInst != 4 || gs[0].FreeWeight != 2 || gs[0].Containers != 2 {
+		t.Errorf("GPUs() = %+v, want max_inst 4, free_weight 2, 2 containers", gs)
+	}
+}
+
 // TestPreemptiveIdlePartner: an idle container is skipped.
 func TestPreemptiveIdlePartner(t *testing.T) {
 	r := start(t, scheduler.GPUSettings{Policy: policy.Preemptive, PolicySet: true})
@@ -165,6 +180,41 @@ func TestSoftBorrows(t *testing.T) {
 		named(claims(), "b", []string{"--seconds", "4", "--kernels", "1", "--kernel-ns", "20000", "--sync-every-launch"}))
 	s := shares(t, r, time.Second, 2500*time.Millisecond)
 	within(t, "a", s["a"], 0.55, 1.01)
+}
+
+// TestCapHolds: a 30% cap holds under soft, whether the container is alone
+// or beside a busy partner (which borrows what it leaves), and with high
+// priority under soft and preemptive.
+func TestCapHolds(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		p       policy.Policy
+		high    bool
+		partner bool
+	}{
+		{"soft alone", policy.Soft, false, false},
+		{"soft busy partner", policy.Soft, false, true},
+		{"soft high priority busy partner", policy.Soft, true, true},
+		{"preemptive high priority busy partner", policy.Preemptive, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := start(t, scheduler.GPUSettings{Policy: tc.p, PolicySet: true})
+			env := []string{"GPUWARDEN_COMPUTE_LIMIT=30"}
+			if tc.high {
+				env = append(env, "GPUWARDEN_PRIORITY=high")
+			}
+			cs := []simrun.Container{named(claims(env...), "a", busyWork(4))}
+			if tc.partner {
+				cs = append(cs, named(claims(), "b", busyWork(4)))
+			}
+			spawn(t, r, cs...)
+			s := shares(t, r, time.Second, 2500*time.Millisecond)
+			within(t, "a", s["a"], 0.1, 0.42)
+			if tc.partner {
+				within(t, "b", s["b"], 0.45, 1.01)
+			}
+		})
+	}
 }
 
 // TestHighPriority: while a high-priority container is busy the other gets

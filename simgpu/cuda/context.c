@@ -24,26 +24,28 @@ CUresult sg_current(struct CUctx_st **ctx) {
 static CUresult ctx_new(int dev, int primary, struct CUctx_st **out) {
     struct sg_state *s = sg_ready();
     if (!s) return CUDA_ERROR_NOT_INITIALIZED;
-    if (dev < 0 || (uint32_t)dev >= s->ndev) return CUDA_ERROR_INVALID_DEVICE;
+    int index = sg_dev_index(dev);
+    if (index < 0) return CUDA_ERROR_INVALID_DEVICE;
     /* A context holds device memory of its own, as a real one does. */
-    if (!sg_mem_charge(s, dev, SG_CONTEXT_BYTES)) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!sg_mem_charge(s, index, SG_CONTEXT_BYTES)) return CUDA_ERROR_OUT_OF_MEMORY;
     struct CUctx_st *c = calloc(1, sizeof *c);
     if (!c) {
-        sg_mem_uncharge(s, dev, SG_CONTEXT_BYTES);
+        sg_mem_uncharge(s, index, SG_CONTEXT_BYTES);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     c->magic = SG_MAGIC_CTX;
     c->dev = dev;
+    c->index = index;
     c->primary = primary;
     c->refs = 1;
     pthread_mutex_init(&c->mu, NULL);
     c->null_stream = sg_stream_new(c);
     if (!c->null_stream) {
         free(c);
-        sg_mem_uncharge(s, dev, SG_CONTEXT_BYTES);
+        sg_mem_uncharge(s, index, SG_CONTEXT_BYTES);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    atomic_fetch_add(&sg_proc_self(s)->contexts[dev], 1);
+    atomic_fetch_add(&sg_proc_self(s)->contexts[index], 1);
     *out = c;
     return CUDA_SUCCESS;
 }
@@ -62,8 +64,8 @@ static void ctx_free(struct CUctx_st *c) {
     sg_stream_free(c->null_stream);
     sg_free_ctx(c);
     c->magic = 0;
-    sg_mem_uncharge(s, c->dev, SG_CONTEXT_BYTES);
-    atomic_fetch_sub(&sg_proc_self(s)->contexts[c->dev], 1);
+    sg_mem_uncharge(s, c->index, SG_CONTEXT_BYTES);
+    atomic_fetch_sub(&sg_proc_self(s)->contexts[c->index], 1);
     for (int i = 0; i < tl_depth; i++)
         if (tl_stack[i] == c) tl_stack[i] = NULL;
     free(c);
@@ -161,10 +163,9 @@ SG_EXPORT CUresult cuCtxSynchronize(void) {
 }
 
 SG_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
-    struct sg_state *s = sg_ready();
-    if (!s) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
-    if (dev < 0 || (uint32_t)dev >= s->ndev) return CUDA_ERROR_INVALID_DEVICE;
+    if (sg_dev_index(dev) < 0) return CUDA_ERROR_INVALID_DEVICE;
     CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&g_primary_mu);
     if (g_primary[dev]) {
@@ -178,9 +179,8 @@ SG_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
 }
 
 SG_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
-    struct sg_state *s = sg_ready();
-    if (!s) return CUDA_ERROR_NOT_INITIALIZED;
-    if (dev < 0 || (uint32_t)dev >= s->ndev) return CUDA_ERROR_INVALID_DEVICE;
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (sg_dev_index(dev) < 0) return CUDA_ERROR_INVALID_DEVICE;
     CUresult rc = CUDA_SUCCESS;
     pthread_mutex_lock(&g_primary_mu);
     struct CUctx_st *c = g_primary[dev];

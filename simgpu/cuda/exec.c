@@ -8,7 +8,7 @@
 
 static void run_op(struct CUstream_st *st, struct sg_op *op) {
     switch (op->kind) {
-    case SG_OP_KERNEL: sg_exec_kernel(sg_ready(), st->ctx->dev, op->arg); break;
+    case SG_OP_KERNEL: sg_exec_kernel(sg_ready(), st->ctx->index, op->arg); break;
     case SG_OP_EVENT:
         atomic_store(&op->event->at_ns, sg_now_ns());
         atomic_fetch_add(&op->event->completed, 1);

@@ -15,6 +15,7 @@ SG_EXPORT CUresult cuInit(unsigned int Flags) {
     if (Flags != 0) return CUDA_ERROR_INVALID_VALUE;
     struct sg_state *s = sg_state_get();
     if (!s) return CUDA_ERROR_NO_DEVICE; /* sg_state_get said why on stderr */
+    if (!sg_visible_count()) return CUDA_ERROR_NO_DEVICE;
     if (!sg_proc_self(s)) {
         fprintf(stderr, "simgpu: no free process slot (%d processes use the device)\n", SG_MAX_PROCS);
         return CUDA_ERROR_OUT_OF_MEMORY;
@@ -34,8 +35,9 @@ SG_EXPORT CUresult cuDriverGetVersion(int *driverVersion) {
 static CUresult device_of(CUdevice dev, struct sg_device **out) {
     struct sg_state *s = sg_ready();
     if (!s) return CUDA_ERROR_NOT_INITIALIZED;
-    if (dev < 0 || (uint32_t)dev >= s->ndev) return CUDA_ERROR_INVALID_DEVICE;
-    *out = &s->dev[dev];
+    int index = sg_dev_index(dev);
+    if (index < 0) return CUDA_ERROR_INVALID_DEVICE;
+    *out = &s->dev[index];
     return CUDA_SUCCESS;
 }
 
@@ -43,7 +45,7 @@ SG_EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal) {
     struct sg_state *s = sg_ready();
     if (!s) return CUDA_ERROR_NOT_INITIALIZED;
     if (!device) return CUDA_ERROR_INVALID_VALUE;
-    if (ordinal < 0 || (uint32_t)ordinal >= s->ndev) return CUDA_ERROR_INVALID_DEVICE;
+    if (sg_dev_index(ordinal) < 0) return CUDA_ERROR_INVALID_DEVICE;
     *device = ordinal;
     return CUDA_SUCCESS;
 }
@@ -52,7 +54,7 @@ SG_EXPORT CUresult cuDeviceGetCount(int *count) {
     struct sg_state *s = sg_ready();
     if (!s) return CUDA_ERROR_NOT_INITIALIZED;
     if (!count) return CUDA_ERROR_INVALID_VALUE;
-    *count = (int)s->ndev;
+    *count = sg_visible_count();
     return CUDA_SUCCESS;
 }
 

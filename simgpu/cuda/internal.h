@@ -65,7 +65,8 @@ struct CUstream_st {
 
 struct CUctx_st {
     uint32_t magic;
-    int dev;
+    int dev;                /* the CUDA ordinal */
+    int index;              /* the machine's device it is on (sg_dev_index) */
     int primary;
     _Atomic int refs;       /* primary contexts: retains */
     struct CUstream_st *null_stream;
@@ -106,6 +107,12 @@ struct CUmemPoolHandle_st {
 struct sg_state *sg_ready(void); /* the machine if cuInit ran, else NULL */
 extern int sg_initialized;
 
+/* visible.c: CUDA ordinals are the devices CUDA_VISIBLE_DEVICES names, in
+ * its order; sg_dev_index maps one to the machine's device index (what the
+ * shared state and NVML use), or -1 for an ordinal no device has. */
+int sg_visible_count(void);
+int sg_dev_index(CUdevice ordinal);
+
 /* context.c */
 CUresult sg_current(struct CUctx_st **ctx); /* the calling thread's context */
 int sg_ctx_valid(struct CUctx_st *c);
@@ -117,8 +124,8 @@ struct sg_alloc_rec {
     void *raw;         /* the host block behind base */
     size_t bytes;
     struct CUctx_st *ctx;
-    int dev;
-    int charged;       /* bytes count against dev */
+    int index;         /* the machine's device */
+    int charged;       /* bytes count against index */
     int free_pending;  /* a cuMemFreeAsync is queued */
     enum sg_alloc_kind kind;
     struct sg_alloc_rec *next;
@@ -127,8 +134,8 @@ struct sg_alloc_rec {
 void sg_table_add(struct sg_alloc_rec *r);
 struct sg_alloc_rec *sg_table_take(CUdeviceptr base); /* removes and returns it */
 /* sg_alloc maps bytes of host memory standing in for device memory, charged
- * to dev unless charge is 0 (host-located pool memory). */
-CUresult sg_alloc(struct CUctx_st *ctx, int dev, size_t bytes, enum sg_alloc_kind kind, int charge,
+ * to the machine's device index unless charge is 0 (host-located pool memory). */
+CUresult sg_alloc(struct CUctx_st *ctx, int index, size_t bytes, enum sg_alloc_kind kind, int charge,
                   CUdeviceptr *out);
 CUresult sg_free(CUdeviceptr p, int queued); /* queued: the stream reached a cuMemFreeAsync */
 void sg_free_ctx(struct CUctx_st *ctx); /* a destroyed context's memory goes with it */

@@ -69,24 +69,24 @@ static void host_free(void *raw, size_t bytes) {
     else free(raw);
 }
 
-CUresult sg_alloc(struct CUctx_st *ctx, int dev, size_t bytes, enum sg_alloc_kind kind, int charge,
+CUresult sg_alloc(struct CUctx_st *ctx, int index, size_t bytes, enum sg_alloc_kind kind, int charge,
                   CUdeviceptr *out) {
     struct sg_state *s = sg_ready();
     if (!bytes) return CUDA_ERROR_INVALID_VALUE;
-    if (charge && !sg_mem_charge(s, dev, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (charge && !sg_mem_charge(s, index, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
     struct sg_alloc_rec *r = calloc(1, sizeof *r);
     void *raw = NULL, *host = host_alloc(bytes, &raw);
     if (!r || !host) {
         free(r);
         if (host) host_free(raw, bytes);
-        if (charge) sg_mem_uncharge(s, dev, bytes);
+        if (charge) sg_mem_uncharge(s, index, bytes);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
     r->raw = raw;
     r->base = (CUdeviceptr)(uintptr_t)host;
     r->bytes = bytes;
     r->ctx = ctx;
-    r->dev = dev;
+    r->index = index;
     r->charged = charge;
     r->kind = kind;
     sg_table_add(r);
@@ -96,7 +96,7 @@ CUresult sg_alloc(struct CUctx_st *ctx, int dev, size_t bytes, enum sg_alloc_kin
 
 static void release(struct sg_alloc_rec *r) {
     host_free(r->raw, r->bytes);
-    if (r->charged) sg_mem_uncharge(sg_ready(), r->dev, r->bytes);
+    if (r->charged) sg_mem_uncharge(sg_ready(), r->index, r->bytes);
     free(r);
 }
 
@@ -143,7 +143,7 @@ SG_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
     CUresult rc = sg_current(&c);
     if (rc) return rc;
     if (!dptr) return CUDA_ERROR_INVALID_VALUE;
-    return sg_alloc(c, c->dev, bytesize, SG_ALLOC_LINEAR, 1, dptr);
+    return sg_alloc(c, c->index, bytesize, SG_ALLOC_LINEAR, 1, dptr);
 }
 
 SG_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t WidthInBytes,
@@ -155,7 +155,7 @@ SG_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t 
     if (ElementSizeBytes != 4 && ElementSizeBytes != 8 && ElementSizeBytes != 16) return CUDA_ERROR_INVALID_VALUE;
     size_t pitch = (WidthInBytes + 511) & ~(size_t)511; /* the texture alignment */
     if (Height > SIZE_MAX / pitch) return CUDA_ERROR_OUT_OF_MEMORY;
-    rc = sg_alloc(c, c->dev, pitch * Height, SG_ALLOC_LINEAR, 1, dptr);
+    rc = sg_alloc(c, c->index, pitch * Height, SG_ALLOC_LINEAR, 1, dptr);
     if (!rc) *pPitch = pitch;
     return rc;
 }
@@ -165,7 +165,7 @@ SG_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigne
     CUresult rc = sg_current(&c);
     if (rc) return rc;
     if (!dptr || (flags != CU_MEM_ATTACH_GLOBAL && flags != CU_MEM_ATTACH_HOST)) return CUDA_ERROR_INVALID_VALUE;
-    return sg_alloc(c, c->dev, bytesize, SG_ALLOC_MANAGED, 1, dptr);
+    return sg_alloc(c, c->index, bytesize, SG_ALLOC_MANAGED, 1, dptr);
 }
 
 SG_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
@@ -183,7 +183,7 @@ SG_EXPORT CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
     if (!free_bytes || !total) return CUDA_ERROR_INVALID_VALUE;
     struct sg_state *s = sg_ready();
     sg_reap_dead(s);
-    struct sg_device *d = &s->dev[c->dev];
+    struct sg_device *d = &s->dev[c->index];
     uint64_t used = atomic_load(&d->used_mem);
     *total = d->total_mem;
     *free_bytes = used < d->total_mem ? d->total_mem - used : 0;
@@ -201,13 +201,13 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytesize, struct CUmemPool
     if ((rc = sg_stream_resolve(hStream, &st))) return rc;
     /* cuda-check fix: NVIDIA's cuMemAllocAsync takes memory "from the memory pool
      * current to the stream's device", not the current context's device. */
-    int dev = st->ctx->dev, charge = 1;
+    int index = st->ctx->index, charge = 1;
     if (pool) {
         if (pool->magic != SG_MAGIC_POOL) return CUDA_ERROR_INVALID_VALUE;
         charge = pool->location.type == CU_MEM_LOCATION_TYPE_DEVICE;
-        if (charge) dev = pool->location.id;
+        if (charge) index = sg_dev_index(pool->location.id);
     }
-    return sg_alloc(st->ctx, dev, bytesize, SG_ALLOC_ASYNC, charge, dptr);
+    return sg_alloc(st->ctx, index, bytesize, SG_ALLOC_ASYNC, charge, dptr);
 }
 
 SG_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *dptr, size_t bytesize, CUstream hStream) {
@@ -246,10 +246,9 @@ SG_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream hStream) { ret
 static struct CUmemPoolHandle_st g_default_pools[SG_MAX_DEVICES];
 
 SG_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
-    struct sg_state *s = sg_ready();
-    if (!s) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
     if (!pool) return CUDA_ERROR_INVALID_VALUE;
-    if (dev < 0 || (uint32_t)dev >= s->ndev) return CUDA_ERROR_INVALID_DEVICE;
+    if (sg_dev_index(dev) < 0) return CUDA_ERROR_INVALID_DEVICE;
     struct CUmemPoolHandle_st *p = &g_default_pools[dev];
     p->location = (CUmemLocation){CU_MEM_LOCATION_TYPE_DEVICE, dev};
     p->magic = SG_MAGIC_POOL;
@@ -258,12 +257,11 @@ SG_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
 }
 
 SG_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *props) {
-    struct sg_state *s = sg_ready();
-    if (!s) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
     if (!pool || !props || props->allocType != CU_MEM_ALLOCATION_TYPE_PINNED) return CUDA_ERROR_INVALID_VALUE;
     CUmemLocation loc = props->location;
     if (loc.type == CU_MEM_LOCATION_TYPE_DEVICE) {
-        if (loc.id < 0 || (uint32_t)loc.id >= s->ndev) return CUDA_ERROR_INVALID_DEVICE;
+        if (sg_dev_index(loc.id) < 0) return CUDA_ERROR_INVALID_DEVICE;
     } else if (loc.type != CU_MEM_LOCATION_TYPE_HOST_NUMA) { /* NVIDIA takes no other host kind for pools */
         return CUDA_ERROR_INVALID_VALUE;
     }

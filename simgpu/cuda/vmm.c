@@ -13,7 +13,7 @@
 struct sg_handle {
     uint32_t magic;
     size_t bytes;
-    int dev;          /* charged device, or -1 for host memory */
+    int index;        /* the machine's device charged, or -1 for host memory */
     int fd;
     int refs;         /* the handle itself and each mapping of it */
     int released;
@@ -31,10 +31,10 @@ struct sg_range {
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct sg_range *g_reserved, *g_mapped;
 
-static int prop_valid(const CUmemAllocationProp *prop, const struct sg_state *s) {
+static int prop_valid(const CUmemAllocationProp *prop) {
     if (!prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED) return 0;
     switch (prop->location.type) {
-    case CU_MEM_LOCATION_TYPE_DEVICE: return prop->location.id >= 0 && (uint32_t)prop->location.id < s->ndev;
+    case CU_MEM_LOCATION_TYPE_DEVICE: return sg_dev_index(prop->location.id) >= 0;
     case CU_MEM_LOCATION_TYPE_HOST:
     case CU_MEM_LOCATION_TYPE_HOST_NUMA:
     case CU_MEM_LOCATION_TYPE_HOST_NUMA_CURRENT: return 1;
@@ -44,9 +44,8 @@ static int prop_valid(const CUmemAllocationProp *prop, const struct sg_state *s)
 
 SG_EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
                                                  CUmemAllocationGranularity_flags option) {
-    struct sg_state *s = sg_ready();
-    if (!s) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!granularity || !prop_valid(prop, s) || (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!granularity || !prop_valid(prop) || (option != CU_MEM_ALLOC_GRANULARITY_MINIMUM &&
                                                  option != CU_MEM_ALLOC_GRANULARITY_RECOMMENDED))
         return CUDA_ERROR_INVALID_VALUE;
     *granularity = SG_GRANULARITY;
@@ -61,7 +60,7 @@ static struct sg_handle *handle_of(CUmemGenericAllocationHandle h) {
 static void handle_unref_locked(struct sg_handle *h) {
     if (--h->refs) return;
     close(h->fd);
-    if (h->dev >= 0) sg_mem_uncharge(sg_ready(), h->dev, h->bytes);
+    if (h->index >= 0) sg_mem_uncharge(sg_ready(), h->index, h->bytes);
     h->magic = 0;
     free(h);
 }
@@ -70,18 +69,18 @@ SG_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle *handle, size_t size
                                unsigned long long flags) {
     struct sg_state *s = sg_ready();
     if (!s) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!handle || !prop_valid(prop, s) || flags || !size || size % SG_GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
-    int dev = prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? prop->location.id : -1;
-    if (dev >= 0 && !sg_mem_charge(s, dev, size)) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!handle || !prop_valid(prop) || flags || !size || size % SG_GRANULARITY) return CUDA_ERROR_INVALID_VALUE;
+    int index = prop->location.type == CU_MEM_LOCATION_TYPE_DEVICE ? sg_dev_index(prop->location.id) : -1;
+    if (index >= 0 && !sg_mem_charge(s, index, size)) return CUDA_ERROR_OUT_OF_MEMORY;
     struct sg_handle *h = calloc(1, sizeof *h);
     int fd = memfd_create("simgpu-vmm", MFD_CLOEXEC);
     if (!h || fd < 0 || ftruncate(fd, (off_t)size) != 0) {
         free(h);
         if (fd >= 0) close(fd);
-        if (dev >= 0) sg_mem_uncharge(s, dev, size);
+        if (index >= 0) sg_mem_uncharge(s, index, size);
         return CUDA_ERROR_OUT_OF_MEMORY;
     }
-    *h = (struct sg_handle){.magic = SG_MAGIC_HANDLE, .bytes = size, .dev = dev, .fd = fd, .refs = 1};
+    *h = (struct sg_handle){.magic = SG_MAGIC_HANDLE, .bytes = size, .index = index, .fd = fd, .refs = 1};
     *handle = (CUmemGenericAllocationHandle)(uintptr_t)h;
     return CUDA_SUCCESS;
 }
@@ -192,7 +191,7 @@ SG_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGe
         return rc;
     }
     /* mapped ranges take part in copies, not in cuMemFree */
-    *rec = (struct sg_alloc_rec){.base = ptr, .bytes = size, .dev = h->dev, .kind = SG_ALLOC_MAPPED};
+    *rec = (struct sg_alloc_rec){.base = ptr, .bytes = size, .index = h->index, .kind = SG_ALLOC_MAPPED};
     sg_table_add(rec);
     return CUDA_SUCCESS;
 }

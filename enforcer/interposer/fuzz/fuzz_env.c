@@ -41,6 +41,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (gw_env_parse(get, &vals, &e, err, sizeof err) == 0) {
         /* what a success promises */
         if (e.weight < 1 || e.weight > 1000 || e.compute_limit > 100 || e.control_dir[0] != '/') abort();
+        /* cGPU's list alone: whole GiB per device, within range */
+        for (int d = 0; !vals.v[0] && vals.v[1] && d < GW_MAX_DEVICES; d++)
+            if (e.mem_limit[d] % (1ull << 30) || e.mem_limit[d] > (uint64_t)GW_MAX_GIB << 30) abort();
     } else if (!strchr(err, '=') || strchr(err, '\n')) {
         abort(); /* an error names its variable on one line */
     }

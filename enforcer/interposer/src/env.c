@@ -37,7 +37,18 @@ static int parse_size(const char *s, const char *end, uint64_t *out) {
     return 0;
 }
 
-int gw_parse_mem_list(const char *s, uint64_t out[GW_MAX_DEVICES]) {
+/* parse_gib parses one cGPU value in [s, end): an integer number of GiB. */
+static int parse_gib(const char *s, const char *end, uint64_t *out) {
+    uint64_t v;
+    if (parse_u64(s, end, &v) || v > GW_MAX_GIB) return -1;
+    *out = v << 30;
+    return 0;
+}
+
+/* parse_list parses a per-device list: values for ordinals 0, 1, ... in
+ * order, at most GW_MAX_DEVICES, the last repeating for the rest. */
+static int parse_list(const char *s, int (*one)(const char *, const char *, uint64_t *),
+                      uint64_t out[GW_MAX_DEVICES]) {
     if (!s || !*s) return -1;
     int n = 0;
     const char *p = s;
@@ -45,7 +56,7 @@ int gw_parse_mem_list(const char *s, uint64_t out[GW_MAX_DEVICES]) {
         const char *comma = strchr(p, ',');
         const char *end = comma ? comma : p + strlen(p);
         if (n == GW_MAX_DEVICES) return -1;
-        if (parse_size(p, end, &out[n])) return -1;
+        if (one(p, end, &out[n])) return -1;
         n++;
         if (!comma) break;
         p = comma + 1;
@@ -53,6 +64,10 @@ int gw_parse_mem_list(const char *s, uint64_t out[GW_MAX_DEVICES]) {
     for (int i = n; i < GW_MAX_DEVICES; i++) out[i] = out[n - 1];
     return 0;
 }
+
+int gw_parse_mem_list(const char *s, uint64_t out[GW_MAX_DEVICES]) { return parse_list(s, parse_size, out); }
+
+int gw_parse_gib_list(const char *s, uint64_t out[GW_MAX_DEVICES]) { return parse_list(s, parse_gib, out); }
 
 /* parse_int parses a decimal integer in [lo, hi]. */
 static int parse_int(const char *s, uint64_t lo, uint64_t hi, uint32_t *out) {
@@ -86,14 +101,18 @@ int gw_env_parse(gw_getenv_fn get, void *arg, struct gw_env *out, char *err, siz
     const char *v = get("GPUWARDEN_MEMORY_LIMIT", arg);
     const char *cont = get("ALIYUN_COM_GPU_MEM_CONTAINER", arg);
     const char *dev = get("ALIYUN_COM_GPU_MEM_DEV", arg);
-    uint32_t cont_gib = 0, dev_gib = 0;
-    if (dev && parse_int(dev, 1, 1u << 20, &dev_gib))
+    uint64_t cont_mem[GW_MAX_DEVICES];
+    uint32_t dev_gib = 0;
+    if (dev && parse_int(dev, 1, GW_MAX_GIB, &dev_gib))
         FAIL("ALIYUN_COM_GPU_MEM_DEV=%s: want the device's memory in GiB, an integer from 1", show(dev, b, sizeof b));
-    if (cont && parse_int(cont, 0, 1u << 20, &cont_gib))
-        FAIL("ALIYUN_COM_GPU_MEM_CONTAINER=%s: want the container's memory in GiB, an integer (0: no limit)",
-             show(cont, b, sizeof b));
-    if (cont && dev && cont_gib > dev_gib)
-        FAIL("ALIYUN_COM_GPU_MEM_CONTAINER=%s: more than ALIYUN_COM_GPU_MEM_DEV=%s GiB", show(cont, b, sizeof b), dev);
+    if (cont && gw_parse_gib_list(cont, cont_mem))
+        FAIL("ALIYUN_COM_GPU_MEM_CONTAINER=%s: want the container's memory in GiB per device, integers such as 3 "
+             "or 3,1 (the last repeats, at most %d values, 0: no limit)",
+             show(cont, b, sizeof b), GW_MAX_DEVICES);
+    for (int i = 0; cont && dev && i < GW_MAX_DEVICES; i++)
+        if (cont_mem[i] > (uint64_t)dev_gib << 30)
+            FAIL("ALIYUN_COM_GPU_MEM_CONTAINER=%s: more than ALIYUN_COM_GPU_MEM_DEV=%s GiB", show(cont, b, sizeof b),
+                 dev);
     if (v) {
         if (gw_parse_mem_list(v, out->mem_limit))
             FAIL("GPUWARDEN_MEMORY_LIMIT=%s: want sizes per device such as 6Gi, 512Mi or 3Gi,4Gi "
@@ -101,7 +120,7 @@ int gw_env_parse(gw_getenv_fn get, void *arg, struct gw_env *out, char *err, siz
                  show(v, b, sizeof b), GW_MAX_DEVICES);
         out->mem_set = 1;
     } else if (cont) {
-        for (int i = 0; i < GW_MAX_DEVICES; i++) out->mem_limit[i] = (uint64_t)cont_gib << 30;
+        memcpy(out->mem_limit, cont_mem, sizeof cont_mem);
         out->mem_set = 1;
     }
 

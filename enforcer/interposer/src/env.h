@@ -30,6 +30,12 @@ int gw_env_parse(gw_getenv_fn get, void *arg, struct gw_env *out, char *err, siz
  * being GiB, the last value repeating for the remaining devices. */
 int gw_parse_mem_list(const char *s, uint64_t out[GW_MAX_DEVICES]);
 
+/* gw_parse_gib_list parses cGPU's ALIYUN_COM_GPU_MEM_CONTAINER: integers of
+ * GiB per device, "3" (every device), "3,1" (3 on the first, 1 on the
+ * others), "3,4,5,6"; the last value repeats for the remaining devices. */
+#define GW_MAX_GIB (1u << 20) /* the largest cGPU memory value, GiB */
+int gw_parse_gib_list(const char *s, uint64_t out[GW_MAX_DEVICES]);
+
 /* gw_container_key escapes a cgroup path into one directory name (see
  * README.md); returns the length, or -1 when out (>= 256 bytes) is too small. */
 int gw_container_key(const char *cgroup_path, char *out, size_t outlen);

@@ -22,7 +22,9 @@ import (
 	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/config"
 	"github.com/gpuwarden/gpuwarden/collector"
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/collector/kubelet"
 	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
+	"github.com/gpuwarden/gpuwarden/deploy/deviceplugin"
 )
 
 // Agent is one running node agent.
@@ -35,6 +37,8 @@ type Agent struct {
 	nsRoot   string // host path of the agent's cgroup namespace root
 	enf      atomic.Pointer[enforcement]
 	nvml     *nvmldev.Reader
+	plugin   *deviceplugin.Plugin  // nil unless the device plugin runs
+	pods     *kubelet.PodResources // nil off Kubernetes
 	observer *observe.Observer
 	coll     *collector.Collector
 	srv      *http.Server

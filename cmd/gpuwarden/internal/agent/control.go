@@ -35,8 +35,24 @@ type ContainerChange struct {
 
 // GPUChange is POST /api/v1/gpus/{index}/settings.
 type GPUChange struct {
-	Policy  *string `json:"policy,omitempty"` // 0-5 or fair-share, preemptive, weighted, fixed, soft, native
-	MaxInst *int    `json:"maxInst,omitempty"`
+	Policy  *string `json:"policy,omitempty"`  // 0-5 or fair-share, preemptive, weighted, fixed, soft, native
+	MaxInst *int    `json:"maxInst,omitempty"` // 1-128: the scheduler's max_inst and the device plugin's slots
+}
+
+// GPUInfo is a GPU's scheduling state: GET /api/v1/gpus (every GPU with
+// containers or settings) and /api/v1/gpus/{index}, and a GPU change's answer.
+type GPUInfo struct {
+	Index      int    `json:"index"`
+	Policy     string `json:"policy"` // in force
+	PolicySet  bool   `json:"policySet"`
+	MaxInst    int    `json:"maxInst"`
+	FreeWeight int    `json:"freeWeight"` // cGPU's free_weight: max_inst less its containers' weights
+	Containers int    `json:"containers"`
+}
+
+func gpuInfo(st scheduler.GPUStatus) GPUInfo {
+	return GPUInfo{Index: st.Device, Policy: st.Policy.String(), PolicySet: st.PolicySet, MaxInst: st.MaxInst,
+		FreeWeight: st.FreeWeight, Containers: st.Containers}
 }
 
 // ChangeResult is every change's answer. InForce lists the shares the
@@ -48,6 +64,7 @@ type ChangeResult struct {
 	Container string    `json:"container,omitempty"`
 	Warnings  []string  `json:"warnings,omitempty"`
 	InForce   []InForce `json:"inForce,omitempty"`
+	GPU       *GPUInfo  `json:"gpu,omitempty"` // a GPU change's GPU
 }
 
 // InForce is one container's share on one GPU.
@@ -87,6 +104,18 @@ func (e *enforcement) register(mux *http.ServeMux, token string) {
 	}
 	mux.HandleFunc("POST /api/v1/containers/{container...}", auth(e.changeContainer))
 	mux.HandleFunc("POST /api/v1/gpus/{index}/settings", auth(e.changeGPU))
+	mux.HandleFunc("GET /api/v1/gpus", func(w http.ResponseWriter, _ *http.Request) {
+		out := []GPUInfo{}
+		for _, st := range e.s.GPUs() {
+			out = append(out, gpuInfo(st))
+		}
+		writeJSON(w, out)
+	})
+	mux.HandleFunc("GET /api/v1/gpus/{index}", func(w http.ResponseWriter, r *http.Request) {
+		if dev, ok := gpuIndex(w, r); ok {
+			writeJSON(w, gpuInfo(e.s.GPU(dev)))
+		}
+	})
 	mux.HandleFunc("GET /api/v1/events", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, e.bypass.list()) })
 }
 
@@ -274,10 +303,21 @@ func (e *enforcement) current(dir string) scheduler.Settings {
 	return scheduler.Settings{Weight: 1}
 }
 
-func (e *enforcement) changeGPU(w http.ResponseWriter, r *http.Request) {
+// gpuIndex reads {index}, answering 404 for one no GPU can have.
+func gpuIndex(w http.ResponseWriter, r *http.Request) (int, bool) {
 	dev, err := strconv.Atoi(r.PathValue("index"))
 	if err != nil || dev < 0 || dev >= controlblock.MaxDevices {
 		httpError(w, http.StatusNotFound, "no GPU "+strconv.Quote(r.PathValue("index")))
+		return 0, false
+	}
+	return dev, true
+}
+
+// changeGPU sets a GPU's policy or max_inst; a new max_inst goes to the
+// device plugin first, which may refuse it (409), then to the scheduler.
+func (e *enforcement) changeGPU(w http.ResponseWriter, r *http.Request) {
+	dev, ok := gpuIndex(w, r)
+	if !ok {
 		return
 	}
 	var ch GPUChange
@@ -299,6 +339,14 @@ func (e *enforcement) changeGPU(w http.ResponseWriter, r *http.Request) {
 	}
 	if ch.MaxInst != nil {
 		g.MaxInst = *ch.MaxInst
+		if err := policy.CheckMaxInst(g.MaxInst); err != nil {
+			httpError(w, http.StatusBadRequest, err.Error())
+			return
+		}
+		if err := e.a.setSlots(r.Context(), dev, g.MaxInst); err != nil {
+			httpError(w, http.StatusConflict, "device plugin: "+err.Error())
+			return
+		}
 	}
 	if err := e.s.SetGPU(dev, g); err != nil {
 		httpError(w, http.StatusBadRequest, err.Error())
@@ -310,5 +358,6 @@ func (e *enforcement) changeGPU(w http.ResponseWriter, r *http.Request) {
 		httpError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	writeJSON(w, ChangeResult{InForce: e.inForce(dev)})
+	info := gpuInfo(e.s.GPU(dev))
+	writeJSON(w, ChangeResult{InForce: e.inForce(dev), GPU: &info})
 }

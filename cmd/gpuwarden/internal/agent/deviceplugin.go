@@ -3,7 +3,9 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 
+	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 	"github.com/gpuwarden/gpuwarden/deploy/deviceplugin"
 )
 
@@ -27,6 +29,7 @@ func (a *Agent) startDevicePlugin(ctx context.Context) {
 		a.log.Error("device plugin not started", "err", err)
 		return
 	}
+	a.plugin = dp
 	ctx, cancel := context.WithCancel(ctx)
 	a.closers = append(a.closers, func() error { cancel(); return nil })
 	a.wg.Add(1)
@@ -37,4 +40,24 @@ func (a *Agent) startDevicePlugin(ctx context.Context) {
 			a.log.Error("device plugin stopped", "err", err)
 		}
 	}()
+}
+
+// setSlots gives GPU dev n slots in the device plugin, when it runs, so that
+// its slots and the scheduler's max_inst stay one number; the plugin refuses
+// to take away a slot the kubelet has assigned. n of 0 (not set) leaves them.
+func (a *Agent) setSlots(ctx context.Context, dev, n int) error {
+	if a.plugin == nil || n == 0 {
+		return nil
+	}
+	var inUse []string
+	if a.pods != nil {
+		as, err := a.pods.List(ctx, func(r string) bool { return r == allocation.ResourceGPU })
+		if err != nil {
+			return fmt.Errorf("the slots the kubelet has assigned are unknown: %w", err)
+		}
+		for _, x := range as {
+			inUse = append(inUse, x.DeviceIDs...)
+		}
+	}
+	return a.plugin.SetMaxInst(dev, n, inUse)
 }

@@ -67,10 +67,13 @@ func (a *Agent) startEnforcement(resolver *cgroups.Resolver, cgroupFS, node stri
 		}
 	}
 	// Claims and throttled time change slowly: their ledgers are read every 2 s.
-	e.s = scheduler.New(scheduler.Config{Source: src, Ledger: 2 * time.Second})
+	e.s = scheduler.New(scheduler.Config{Source: src, Ledger: 2 * time.Second, MaxInst: a.cfg.DevicePlugin.MaxInst})
 	for dev, g := range store.gpus() {
 		if err := e.s.SetGPU(dev, g); err != nil {
 			a.log.Warn("saved GPU settings refused", "gpu", dev, "err", err)
+		}
+		if err := a.setSlots(context.Background(), dev, g.MaxInst); err != nil {
+			a.log.Warn("saved max_inst not given to the device plugin", "gpu", dev, "err", err)
 		}
 	}
 	e.s.Start()

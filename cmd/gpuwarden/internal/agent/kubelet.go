@@ -29,6 +29,7 @@ func (a *Agent) startKubelet() func(context.Context) (collector.LabelFunc, error
 		return nil
 	}
 	a.closers = append(a.closers, pr.Close)
+	a.pods = pr
 	return func(ctx context.Context) (collector.LabelFunc, error) {
 		as, err := pr.List(ctx, func(r string) bool { return strings.HasPrefix(r, "gpuwarden.io/") })
 		a.parts.set("kubelet", true, err)

@@ -16,6 +16,8 @@ import (
 
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
+
+	"github.com/gpuwarden/gpuwarden/enforcer/policy"
 )
 
 // Config is the agent's whole configuration.
@@ -105,7 +107,7 @@ var options = []option{
 	{"enforcement.gracePeriod", 10 * time.Second, "", "how long the interposer keeps the last launch budgets after the agent stops answering, before it runs ungated (1s-1h; memory limits hold regardless)"},
 	{"kubelet.podResourcesSocket", "/var/lib/kubelet/pod-resources/kubelet.sock", "", "the kubelet's pod-resources socket, for pod and container labels; a missing socket means no Kubernetes labels"},
 	{"devicePlugin.enabled", false, "", "serve the kubelet device plugin: gpuwarden.io/gpu (slots) and gpuwarden.io/gpu-memory (GiB) on each GPU"},
-	{"devicePlugin.maxInst", 4, "", "slots (gpuwarden.io/gpu devices) per GPU, 1-128; a slot's memory quota is the GPU's memory / maxInst"},
+	{"devicePlugin.maxInst", policy.DefaultMaxInst, "", "each GPU's max_inst, 1-128, on and off Kubernetes: the device plugin's slots (gpuwarden.io/gpu devices) on it, a slot's memory quota being the GPU's memory / maxInst, and the 1/maxInst that policies fair-share and fixed give; `gpuwarden ctl gpu N --max-inst` changes one GPU's"},
 	{"devicePlugin.kubeletDir", "/var/lib/kubelet/device-plugins", "", "the kubelet's device-plugins directory: its kubelet.sock and the plugin's sockets"},
 	{"devicePlugin.interposerPath", "/usr/local/gpuwarden/lib/libgpuwarden.so", "", "libgpuwarden.so on the host, mounted read-only into every allocated container"},
 	{"devicePlugin.deviceRoot", "/dev", "", "where the GPU device nodes (nvidiaN, nvidiactl, nvidia-uvm, nvidia-uvm-tools) are; those that exist are passed to containers"},
@@ -286,8 +288,8 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("paths.proc is empty"))
 	}
 	dp := c.DevicePlugin
-	if dp.MaxInst < 1 || dp.MaxInst > 128 {
-		errs = append(errs, fmt.Errorf("devicePlugin.maxInst %d: want 1-128", dp.MaxInst))
+	if policy.CheckMaxInst(dp.MaxInst) != nil {
+		errs = append(errs, fmt.Errorf("devicePlugin.maxInst %d: want 1-%d", dp.MaxInst, policy.MaxMaxInst))
 	}
 	for _, p := range []struct{ key, v string }{{"devicePlugin.kubeletDir", dp.KubeletDir},
 		{"devicePlugin.interposerPath", dp.InterposerPath}, {"devicePlugin.deviceRoot", dp.DeviceRoot}} {
