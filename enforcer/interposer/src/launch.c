@@ -53,13 +53,14 @@ static inline __attribute__((always_inline)) CUresult launch_enter(void) {
 
 #define LAUNCH_HOOK(name, params, args)                                                            \
     GW_EXPORT CUresult name params {                                                               \
-        if (GW_UNLIKELY(gw_in_hook)) return gw_be.name args;                                       \
+        const int outer = gw_in_hook;                                                              \
+        if (GW_DRIVER_REENTRY(outer)) return gw_be.name args;                                      \
         CUresult rc = launch_enter();                                                              \
         if (GW_UNLIKELY(rc)) return rc;                                                            \
         if (GW_UNLIKELY(!gw_be.name)) return CUDA_ERROR_NOT_FOUND;                                 \
         gw_in_hook = 1;                                                                            \
         rc = gw_be.name args;                                                                      \
-        gw_in_hook = 0;                                                                            \
+        gw_in_hook = outer;                                                                        \
         return rc;                                                                                 \
     }
 

@@ -5,6 +5,7 @@
  * other answer through unchanged. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <link.h>
 #include <string.h>
 
 #include "internal.h"
@@ -29,6 +30,39 @@ void *gw_real_dlsym(void *handle, const char *name) {
 
 /* ---- loading the driver ---- */
 
+struct gw_text gw_drv_text, gw_own_text;
+
+struct text_query {
+    uintptr_t addr;   /* an address inside the object */
+    struct gw_text *out;
+};
+
+/* text_of finds the object that holds q->addr and spans its executable
+ * segments (for the re-entry guard, internal.h). */
+static int text_of(struct dl_phdr_info *info, size_t size, void *arg) {
+    (void)size;
+    struct text_query *q = arg;
+    uintptr_t lo = UINTPTR_MAX, hi = 0;
+    int mine = 0;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD) continue;
+        uintptr_t a = info->dlpi_addr + ph->p_vaddr, b = a + ph->p_memsz;
+        if (q->addr >= a && q->addr < b) mine = 1;
+        if (!(ph->p_flags & PF_X)) continue;
+        if (a < lo) lo = a;
+        if (b > hi) hi = b;
+    }
+    if (!mine || lo >= hi) return 0;
+    *q->out = (struct gw_text){.lo = lo, .len = hi - lo};
+    return 1;
+}
+
+static void find_text(const void *addr, struct gw_text *out) {
+    struct text_query q = {.addr = (uintptr_t)addr, .out = out};
+    dl_iterate_phdr(text_of, &q);
+}
+
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT, nvml_once = PTHREAD_ONCE_INIT;
 static int cuda_ok, nvml_ok;
 
@@ -44,6 +78,10 @@ static void cuda_load(void) {
     GW_CUDA_HOOKS(LOAD)
     GW_CUDA_USED(LOAD)
     cuda_ok = gw_be.cuInit && gw_be.cuCtxGetCurrent && gw_be.cuCtxGetDevice;
+    if (cuda_ok) {
+        find_text((const void *)gw_be.cuInit, &gw_drv_text);
+        find_text((const void *)&text_of, &gw_own_text);
+    }
 }
 
 static void nvml_load(void) {
