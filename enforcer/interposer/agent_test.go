@@ -1,7 +1,10 @@
 package interposer_test
 
 import (
+	"encoding/binary"
+	"os"
 	"os/exec"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -176,4 +179,75 @@ func TestNVMLView(t *testing.T) {
 	}
 	mine.resume()
 	theirs.resume()
+}
+
+// TestLimitsOverwritten: limits whose bytes are overwritten in place (a new
+// seq, so the interposer reads them again) with a bad header or impossible
+// config, and no memory limit, lift nothing: the last good limits stay.
+func TestLimitsOverwritten(t *testing.T) {
+	off := func(f string) int {
+		sf, ok := reflect.TypeOf(controlblock.Limits{}).FieldByName(f)
+		if !ok {
+			t.Fatalf("no field %s", f)
+		}
+		return int(sf.Offset)
+	}
+	le := binary.LittleEndian
+	for _, c := range []struct {
+		name  string
+		spoil func(b []byte)
+	}{
+		{"magic", func(b []byte) { copy(b[off("Magic"):], "NOTLIMIT") }},
+		{"abi-major", func(b []byte) { le.PutUint16(b[off("ABIMajor"):], controlblock.ABIMajor+1) }},
+		{"size-small", func(b []byte) { le.PutUint32(b[off("Size"):], 16) }},
+		{"size-huge", func(b []byte) { le.PutUint32(b[off("Size"):], 1<<31) }},
+		{"ndev", func(b []byte) { le.PutUint32(b[off("NDev"):], 1000) }},
+		{"gate-mask", func(b []byte) { le.PutUint32(b[off("GateMask"):], 1<<20) }},
+		{"generation-back", func(b []byte) { le.PutUint64(b[off("Generation"):], 0) }},
+		{"garbage", func(b []byte) {
+			for i := range b {
+				b[i] = byte(i*131 + 7)
+			}
+		}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b := newBox(t, 1, "16Gi")
+			var cfg controlblock.LimitsConfig
+			cfg.MemLimit[0] = gi
+			b.agent(cfg)
+			h := b.start("init", "ctx", "0", "alloc", "512Mi", "hold", "alloc", "8Gi", "alloc", "256Mi")
+			h.ready(t)
+
+			raw, err := os.ReadFile(b.limitsPath())
+			if err != nil {
+				t.Fatal(err)
+			}
+			seq := le.Uint64(raw[off("Seq"):])
+			c.spoil(raw)
+			for d := 0; d < controlblock.MaxDevices; d++ { // and no memory limit
+				le.PutUint64(raw[off("MemLimit")+8*d:], 0)
+			}
+			le.PutUint64(raw[off("Seq"):], seq+2) // a new, even seq: read again
+			f, err := os.OpenFile(b.limitsPath(), os.O_WRONLY, 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := f.WriteAt(raw, 0); err != nil {
+				t.Fatal(err)
+			}
+			f.Close()
+
+			h.resume()
+			out, err := h.Wait()
+			if err != nil {
+				t.Fatal(err, h.Stderr())
+			}
+			r := result{lines: dropReady(out)}
+			r.expect(t, "init CUDA_SUCCESS", "ctx CUDA_SUCCESS", "alloc CUDA_SUCCESS", "hold CUDA_SUCCESS",
+				"alloc CUDA_ERROR_OUT_OF_MEMORY", "alloc CUDA_SUCCESS")
+			if !strings.Contains(h.Stderr(), "keeping the last good limits") {
+				t.Errorf("stderr %q, want the bad limits named", h.Stderr())
+			}
+		})
+	}
 }

@@ -78,6 +78,8 @@ static inline void gw_limits_check(void) {
         gw_limits_refresh();
 }
 extern _Atomic uint32_t gw_snap_gate_mask;
+extern _Atomic uint64_t gw_snap_grace;       /* ns; the default when the agent wrote 0 */
+extern _Atomic uint64_t gw_limits_bad_since; /* CLOCK_MONOTONIC ns of a bad read of limits since the last good one, 0 none */
 uint64_t gw_limit(int dev);           /* bytes, 0 = none */
 uint64_t gw_context_reserve(void);
 uint64_t gw_generation(void);

@@ -28,8 +28,7 @@ __attribute__((noinline)) CUresult gw_gate_wait(void) {
         if (ticket <= atomic_load(&g->grant)) break;
         gw_limits_check();
         if (!(atomic_load(&gw_snap_gate_mask) & bit)) break; /* the gate was lifted */
-        uint64_t now = gw_now_ns(), beat = atomic_load(&l->heartbeat_ns), grace = atomic_load(&l->grace_ns);
-        if (!grace) grace = GW_DEFAULT_GRACE_NS;
+        uint64_t now = gw_now_ns(), beat = atomic_load(&l->heartbeat_ns), grace = atomic_load(&gw_snap_grace);
         if (now > beat && now - beat > grace) break; /* no agent: launches are not held */
         struct timespec ts = {0, GW_WAIT_SLICE_NS};
         syscall(SYS_futex, &g->wake, FUTEX_WAIT, w, &ts, NULL, 0);
