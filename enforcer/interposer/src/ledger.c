@@ -65,20 +65,43 @@ static uint64_t cgroup_id_of(const char *cgpath) {
     return stat(path, &st) == 0 ? (uint64_t)st.st_ino : 0;
 }
 
-int gw_ledger_open(const char *dir, const char *key, const char *cgpath, char *err, size_t errlen) {
-    char path[GW_CONTROL_DIR_MAX + 300];
-    snprintf(path, sizeof path, "%s/%s", dir, key);
-    if (mkdir_p(path, 0755)) {
+/* open_usage opens the container's ledger: a regular file, never through a
+ * symlink, never blocking (a FIFO or device is refused, not waited on).
+ * Standalone mode (no limits yet) makes the directory and the file; under
+ * an agent the directory is the agent's and is never made here, and the
+ * file is made only where the agent left none and the directory lets this
+ * process write (an agent or device plugin makes it, in a directory the
+ * container cannot write). */
+static int open_usage(const char *dir, const char *key, char *path, size_t pathlen, char *err, size_t errlen) {
+    struct stat st;
+    int agent = lstat(limits_path, &st) == 0 || errno != ENOENT;
+    snprintf(path, pathlen, "%s/%s", dir, key);
+    if (!agent && mkdir_p(path, 0755)) {
         snprintf(err, errlen, "make control directory %s: %s", path, strerror(errno));
         return -1;
     }
-    snprintf(limits_path, sizeof limits_path, "%s/%s/limits", dir, key);
-    snprintf(path, sizeof path, "%s/%s/usage", dir, key);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+    snprintf(path, pathlen, "%s/%s/usage", dir, key);
+    const int flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
+    int fd = open(path, flags);
+    if (fd < 0 && errno == ENOENT) fd = open(path, flags | O_CREAT | (agent ? O_EXCL : 0), 0666);
+    if (fd < 0 && agent && errno == EEXIST) fd = open(path, flags); /* another process of the container made it */
     if (fd < 0) {
-        snprintf(err, errlen, "open ledger %s: %s", path, strerror(errno));
+        snprintf(err, errlen, "open ledger %s: %s", path, errno == ELOOP ? "is a symlink" : strerror(errno));
         return -1;
     }
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "ledger %s: not a regular file", path);
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+int gw_ledger_open(const char *dir, const char *key, const char *cgpath, char *err, size_t errlen) {
+    char path[GW_CONTROL_DIR_MAX + 300];
+    snprintf(limits_path, sizeof limits_path, "%s/%s/limits", dir, key);
+    int fd = open_usage(dir, key, path, sizeof path, err, errlen);
+    if (fd < 0) return -1;
     flock(fd, LOCK_EX); /* the first process lays the ledger out */
     struct stat st;
     const char *bad = NULL;
