@@ -122,8 +122,10 @@ func TestLaunchGate(t *testing.T) {
 	h.Wait()
 }
 
-// TestLaunchGateDeadAgent: an agent silent for longer than the grace period
-// no longer holds launches; lifting the gate releases waiters at once.
+// TestLaunchGateDeadAgent: launches are not held for long by an agent that
+// never grants: once it is silent (half the 700ms grace here) the grant goes
+// on at the slowest pace (no pace was ever seen), and at the grace period
+// the gate lifts; lifting the gate releases waiters at once.
 func TestLaunchGateDeadAgent(t *testing.T) {
 	b := newBox(t, 1, "16Gi")
 	lim := b.agent(controlblock.LimitsConfig{GateMask: 1, GraceNs: uint64(700 * time.Millisecond)})
@@ -131,8 +133,8 @@ func TestLaunchGateDeadAgent(t *testing.T) {
 	start := time.Now()
 	r := b.run("init", "ctx", "0", "launch", "3")
 	r.expect(t, "init CUDA_SUCCESS", "ctx CUDA_SUCCESS", "launch CUDA_SUCCESS")
-	if el := time.Since(start); el < 400*time.Millisecond || el > 8*time.Second {
-		t.Errorf("launches under a silent agent took %v, want about the 700ms grace", el)
+	if el := time.Since(start); el < 300*time.Millisecond || el > 8*time.Second {
+		t.Errorf("launches under a silent agent took %v, want them held until it is silent (350ms), then paced", el)
 	}
 
 	lim.Update(func(c *controlblock.LimitsConfig) { c.GraceNs = uint64(time.Minute) })
@@ -250,4 +252,73 @@ func TestLimitsOverwritten(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestLaunchGateSilentAgentPaces: an agent that falls silent (SIGKILLed)
+// stalls nobody. For the grace period its gated container's launches go on
+// at about the pace it last granted, not frozen and not unlimited; then the
+// gate lifts. The memory limit holds throughout.
+func TestLaunchGateSilentAgentPaces(t *testing.T) {
+	const grace = 6 * time.Second
+	b := newBox(t, 1, "16Gi")
+	cfg := controlblock.LimitsConfig{GateMask: 1, GraceNs: uint64(grace)}
+	cfg.MemLimit[0] = gi
+	lim := b.agent(cfg)
+	lim.Heartbeat()
+	// the agent: a beat every 100ms, and 20 more launches with each (200/s)
+	stop, stopped := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(stopped)
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		var grant uint64
+		for {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+			}
+			grant += 20
+			lim.RaiseGrant(0, grant)
+			lim.Heartbeat()
+		}
+	}()
+	defer func() {
+		select {
+		case <-stop:
+		default:
+			close(stop)
+		}
+	}()
+	h := b.start("init", "ctx", "0", "launch", "1000000")
+	issued := func() uint64 { return b.ledger().LaunchesIssued[0] }
+	time.Sleep(3 * time.Second) // long enough for the pace to be seen (windows of 1-4 s of beats)
+	if n := issued(); n == 0 || n > 5000 {
+		t.Fatalf("%d launches in 3s under a 200/s grant", n)
+	}
+	close(stop)
+	<-stopped
+	silent := time.Now()
+
+	time.Sleep(time.Second) // the agent is taken as silent after 0.5s
+	i1, t1 := issued(), time.Now()
+	r := b.run("init", "ctx", "0", "alloc", "2Gi")
+	r.expect(t, "init CUDA_SUCCESS", "ctx CUDA_SUCCESS", "alloc CUDA_ERROR_OUT_OF_MEMORY")
+	time.Sleep(time.Until(silent.Add(4 * time.Second)))
+	i2, t2 := issued(), time.Now()
+	rate := float64(i2-i1) / t2.Sub(t1).Seconds()
+	t.Logf("%.0f launches/s while the agent was silent", rate)
+	if rate < 40 || rate > 1000 {
+		t.Errorf("%.0f launches/s while the agent was silent, want about the 200/s it last granted", rate)
+	}
+
+	// after the grace period the gate lifts: the rest run at once
+	line := h.WaitLine(t, "launch", grace+30*time.Second)
+	if !strings.Contains(line, "launch CUDA_SUCCESS") {
+		t.Errorf("launch: %s", line)
+	}
+	if el := time.Since(silent); el < grace-time.Second {
+		t.Errorf("a million launches done %v after the agent fell silent, before the %v grace", el, grace)
+	}
+	h.Wait()
 }
