@@ -2,6 +2,7 @@ package interposer_test
 
 import (
 	"encoding/binary"
+	"fmt"
 	"os"
 	"os/exec"
 	"reflect"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
 
 func runCmd(name string, args ...string) (string, error) {
@@ -321,4 +323,76 @@ func TestLaunchGateSilentAgentPaces(t *testing.T) {
 		t.Errorf("a million launches done %v after the agent fell silent, before the %v grace", el, grace)
 	}
 	h.Wait()
+}
+
+// TestRealAgentKilled: SIGKILL the real agent while it gates two containers
+// (weights 1 and 2): during its grace period their launches go on (not
+// frozen) and their memory limits hold.
+func TestRealAgentKilled(t *testing.T) {
+	simtest.RequirePrivileged(t, "eBPF and cgroups")
+	m := simtest.NewMachine(t, 1, "16Gi")
+	agent := simtest.StartAgent(t, m, "GPUWARDEN_ENFORCEMENT_GRACE_PERIOD=8s")
+	type ctr struct {
+		cg    *simtest.Cgroup
+		usage string
+	}
+	var ctrs []ctr
+	for i, w := range []string{"1", "2"} {
+		cg := simtest.NewCgroup(t, "killed"+itoa(i))
+		cmd := cg.Place(m.Command(simtest.Bin(t, "simgpu/workload"), "--alloc", "1Gi", "--seconds", "120",
+			"--kernels", "8", "--kernel-ns", "2000000"))
+		cmd.Env = append(cmd.Env, "LD_PRELOAD="+simtest.Bin(t, "libgpuwarden.so"), "GPUWARDEN_CONTROL_DIR="+agent.ControlDir,
+			"GPUWARDEN_COMPUTE_WEIGHT="+w, "GPUWARDEN_MEMORY_LIMIT=2Gi")
+		simtest.Start(t, cmd).WaitLine(t, "ready", 10*time.Second)
+		key := controlblock.ContainerKey(cg.Rel)
+		ctrs = append(ctrs, ctr{cg, controlblock.UsagePath(agent.ControlDir, key)})
+	}
+	issued := func(c ctr) uint64 {
+		u, err := controlblock.OpenUsage(c.usage)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer u.Close()
+		return u.Issued(0)
+	}
+	// both gated, and long enough for the pace to be seen
+	simtest.Eventually(t, 20*time.Second, func() error {
+		for _, c := range ctrs {
+			l, err := controlblock.OpenLimits(controlblock.LimitsPath(agent.ControlDir, controlblock.ContainerKey(c.cg.Rel)))
+			if err != nil {
+				return err
+			}
+			mask := l.Config().GateMask
+			l.Close()
+			if mask&1 == 0 {
+				return fmt.Errorf("%s: not gated", c.cg.Rel)
+			}
+		}
+		return nil
+	})
+	time.Sleep(3 * time.Second)
+
+	if err := agent.Proc.Cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	time.Sleep(1500 * time.Millisecond) // silent after 0.5s
+	var before [2]uint64
+	for i, c := range ctrs {
+		before[i] = issued(c)
+	}
+	t1 := time.Now()
+	time.Sleep(time.Until(killed.Add(5 * time.Second)))
+	for i, c := range ctrs {
+		rate := float64(issued(c)-before[i]) / time.Since(t1).Seconds()
+		t.Logf("%s: %.0f launches/s while the agent was dead", c.cg.Rel, rate)
+		if rate < 10 {
+			t.Errorf("%s: %.1f launches/s while the agent was dead, want it to go on", c.cg.Rel, rate)
+		}
+	}
+	// memory: each container still holds its 2Gi (1Gi and a context taken)
+	b := &box{t: t, m: m, ctl: agent.ControlDir, lib: simtest.Bin(t, "libgpuwarden.so"), cg: ctrs[0].cg,
+		env: []string{"GPUWARDEN_MEMORY_LIMIT=2Gi"}}
+	r := b.run("init", "ctx", "0", "alloc", "1Gi")
+	r.expect(t, "init CUDA_SUCCESS", "ctx CUDA_SUCCESS", "alloc CUDA_ERROR_OUT_OF_MEMORY")
 }
