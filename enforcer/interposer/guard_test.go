@@ -1,9 +1,13 @@
 package interposer_test
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
 
 // TestSignalHandlerInsideHook: a signal handler that allocates while a hook
@@ -41,5 +45,36 @@ func TestSignalHandlerInsideHook(t *testing.T) {
 	if free := field(t, r.step(t, "meminfo", 0), "free"); free != gi-ctxReserve-512*mi {
 		t.Errorf("free after the handler's 512Mi: %d MiB, want %d MiB (the handler's allocation charged)",
 			free/mi, (gi-ctxReserve-512*mi)/mi)
+	}
+}
+
+// TestReentryUnderProbes: the agent's uretprobes on libcuda replace the
+// return address of a probed driver function with the kernel's trampoline,
+// so a driver function that tail-calls its base through the PLT
+// (cuCtxCreate_v3/_v4 -> _v2, cuMemAllocFromPoolAsync_ptsz -> its base)
+// reaches the base's hook from there. That call still passes through: each
+// is charged once.
+func TestReentryUnderProbes(t *testing.T) {
+	simtest.RequirePrivileged(t, "eBPF")
+	b := newBox(t, 1, "16Gi", "GPUWARDEN_MEMORY_LIMIT=1Gi")
+	agent := simtest.StartAgent(t, b.m)
+	lib := simtest.Bin(t, "simgpu/libcuda.so.1")
+	simtest.Eventually(t, 60*time.Second, func() error {
+		for _, l := range strings.Split(agent.Log(), "\n") {
+			if strings.Contains(l, "attached to libcuda") && strings.Contains(l, lib) {
+				return nil
+			}
+		}
+		return fmt.Errorf("the agent's probes are not on %s yet", lib)
+	})
+	r := b.run("--resolve", "procaddr-ptsz", "init", "ctxcreate3", "0", "meminfo", "ctxdestroy", "ctxcreate4", "0",
+		"meminfo", "ctxdestroy", "ctx", "0", "pool-dev", "100Mi", "0", "meminfo")
+	r.expect(t, "init CUDA_SUCCESS", "ctxcreate3 CUDA_SUCCESS", "meminfo CUDA_SUCCESS", "ctxdestroy CUDA_SUCCESS",
+		"ctxcreate4 CUDA_SUCCESS", "meminfo CUDA_SUCCESS", "ctxdestroy CUDA_SUCCESS", "ctx CUDA_SUCCESS",
+		"pool-dev CUDA_SUCCESS", "meminfo CUDA_SUCCESS")
+	for i, want := range []uint64{gi - ctxReserve, gi - ctxReserve, gi - ctxReserve - 100*mi} {
+		if free := field(t, r.step(t, "meminfo", i), "free"); free != want {
+			t.Errorf("meminfo #%d: free %d MiB, want %d MiB", i, free/mi, want/mi)
+		}
 	}
 }

@@ -40,17 +40,19 @@ extern __thread int gw_in_hook __attribute__((tls_model("initial-exec")));
  * guard set. The caller can: a call passes through only when the guard is
  * set and its return address is in the driver's code, or in ours (where the
  * driver tail-called its base function, the return address is the hook that
- * called the driver). A handler's call returns into the program and is
- * managed like any other. Only the rare path (guard set) reads the address:
+ * called the driver), or in the kernel's uretprobe trampoline (where a probed
+ * driver function tail-called; procaddr.c). A handler's call returns into the
+ * program and is managed like any other. Only the rare path (guard set) reads the address:
  * the launch path costs what it did. gw_drv_text and gw_own_text are set once
  * when the driver is loaded (procaddr.c), before any guard can be set. */
 struct gw_text {
     uintptr_t lo, len; /* [lo, lo + len): executable segments of one object */
 };
 extern struct gw_text gw_drv_text, gw_own_text;
+int gw_from_uprobes(uintptr_t a) __attribute__((noinline, cold)); /* the kernel's uretprobe trampoline */
 static inline int gw_from_driver(const void *ret) {
     uintptr_t a = (uintptr_t)ret;
-    return a - gw_drv_text.lo < gw_drv_text.len || a - gw_own_text.lo < gw_own_text.len;
+    return a - gw_drv_text.lo < gw_drv_text.len || a - gw_own_text.lo < gw_own_text.len || gw_from_uprobes(a);
 }
 #define GW_DRIVER_REENTRY(guard) (GW_UNLIKELY(guard) && gw_from_driver(__builtin_return_address(0)))
 
