@@ -372,9 +372,7 @@ func TestRealAgentKilled(t *testing.T) {
 	})
 	time.Sleep(3 * time.Second)
 
-	if err := agent.Proc.Cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
+	killAgent(t, agent)
 	killed := time.Now()
 	time.Sleep(1500 * time.Millisecond) // silent after 0.5s
 	var before [2]uint64
@@ -395,4 +393,17 @@ func TestRealAgentKilled(t *testing.T) {
 		env: []string{"GPUWARDEN_MEMORY_LIMIT=2Gi"}}
 	r := b.run("init", "ctx", "0", "alloc", "1Gi")
 	r.expect(t, "init CUDA_SUCCESS", "ctx CUDA_SUCCESS", "alloc CUDA_ERROR_OUT_OF_MEMORY")
+}
+
+// killAgent SIGKILLs a real agent and reaps it (its own cleanup then has
+// nothing to stop: an orderly stop can outlast its 10s on a loaded machine).
+func killAgent(t *testing.T, a *simtest.Agent) {
+	t.Helper()
+	if a.Proc.Cmd.ProcessState != nil {
+		return
+	}
+	if err := a.Proc.Cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	_ = a.Proc.Cmd.Wait()
 }
