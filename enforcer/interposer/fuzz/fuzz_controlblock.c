@@ -18,6 +18,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const char *u2 = gw_usage_check(data, size); /* and exactly the given bytes */
     const char *l2 = gw_limits_check_header(data, size);
     if (!u && !l) abort(); /* one magic cannot be both */
+    struct gw_limits_view v;
+    memcpy(&v, buf, sizeof v < n ? sizeof v : n);
+    const char *c = gw_limits_check_view(&v, size > 8 ? data[size - 1] : 0);
+    if (!c && v.magic != GW_LIMITS_MAGIC) abort();
     (void)u2;
     (void)l2;
     free(buf);

@@ -24,3 +24,14 @@ const char *gw_limits_check_header(const void *p, size_t n) {
     if (l.size < sizeof l) return "size field smaller than this ABI's limits";
     return NULL;
 }
+
+const char *gw_limits_check_view(const struct gw_limits_view *v, uint64_t last_generation) {
+    if (v->magic != GW_LIMITS_MAGIC) return "not gpuwarden limits (bad magic)";
+    if (v->abi_major != GW_ABI_MAJOR) return "ABI major version differs";
+    if (v->size < sizeof(struct gw_limits)) return "size field smaller than this ABI's limits";
+    if (v->size > GW_LIMITS_SIZE_MAX) return "size field larger than any limits";
+    if (v->ndev > GW_MAX_DEVICES) return "more devices than this ABI has";
+    if (GW_MAX_DEVICES < 32 && v->gate_mask >> GW_MAX_DEVICES) return "gate mask names devices this ABI does not have";
+    if (v->generation < last_generation) return "generation went back";
+    return NULL;
+}

@@ -175,11 +175,12 @@ int gw_activate(void) {
 GW_EXPORT CUresult cuInit(unsigned int Flags) {
     if (gw_core() == GW_FAILED) return GW_FAILED_CUDA;
     if (gw_cuda_load()) return CUDA_ERROR_NO_DEVICE;
-    if (gw_in_hook) return gw_be.cuInit(Flags);
+    const int outer = gw_in_hook;
+    if (GW_DRIVER_REENTRY(outer)) return gw_be.cuInit(Flags);
     gw_in_hook = 1;
     CUresult rc = gw_be.cuInit(Flags);
     if (rc == CUDA_SUCCESS) rc = gw_activate();
     if (rc == CUDA_SUCCESS) gw_record_devices();
-    gw_in_hook = 0;
+    gw_in_hook = outer;
     return rc;
 }

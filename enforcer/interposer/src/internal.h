@@ -31,6 +31,31 @@ extern struct gw_usage *gw_usage;       /* the container's ledger (read-write) *
 extern struct gw_slot *_Atomic gw_slot; /* this process's slot, when GW_READY */
 extern __thread int gw_in_hook __attribute__((tls_model("initial-exec")));
 
+/* The re-entry guard. gw_in_hook is set while a hook's body runs, so that
+ * when the driver calls one of its own hooked functions (simgpu's _ptsz
+ * variants call their base through the PLT, cuCtxCreate_v3 calls _v2), the
+ * inner call goes straight to the driver instead of being charged twice.
+ * The guard alone cannot tell that call from one made by a signal handler
+ * that runs while the hook is inside the driver: both see this thread's
+ * guard set. The caller can: a call passes through only when the guard is
+ * set and its return address is in the driver's code, or in ours (where the
+ * driver tail-called its base function, the return address is the hook that
+ * called the driver), or in the kernel's uretprobe trampoline (where a probed
+ * driver function tail-called; procaddr.c). A handler's call returns into the
+ * program and is managed like any other. Only the rare path (guard set) reads the address:
+ * the launch path costs what it did. gw_drv_text and gw_own_text are set once
+ * when the driver is loaded (procaddr.c), before any guard can be set. */
+struct gw_text {
+    uintptr_t lo, len; /* [lo, lo + len): executable segments of one object */
+};
+extern struct gw_text gw_drv_text, gw_own_text;
+int gw_from_uprobes(uintptr_t a) __attribute__((noinline, cold)); /* the kernel's uretprobe trampoline */
+static inline int gw_from_driver(const void *ret) {
+    uintptr_t a = (uintptr_t)ret;
+    return a - gw_drv_text.lo < gw_drv_text.len || a - gw_own_text.lo < gw_own_text.len || gw_from_uprobes(a);
+}
+#define GW_DRIVER_REENTRY(guard) (GW_UNLIKELY(guard) && gw_from_driver(__builtin_return_address(0)))
+
 int gw_core(void);       /* runs init once; GW_FAILED, GW_CORE or GW_READY */
 int gw_activate(void);   /* claims a slot; 0 on success, else a CUresult */
 void gw_fatal(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
@@ -55,6 +80,8 @@ static inline void gw_limits_check(void) {
         gw_limits_refresh();
 }
 extern _Atomic uint32_t gw_snap_gate_mask;
+extern _Atomic uint64_t gw_snap_grace;       /* ns; the default when the agent wrote 0 */
+extern _Atomic uint64_t gw_limits_bad_since; /* CLOCK_MONOTONIC ns of a bad read of limits since the last good one, 0 none */
 uint64_t gw_limit(int dev);           /* bytes, 0 = none */
 uint64_t gw_context_reserve(void);
 uint64_t gw_generation(void);

@@ -9,10 +9,50 @@
 
 #include "hook.h"
 
-#define GW_WAIT_SLICE_NS 100000000L /* re-check the agent's heartbeat this often */
+#define GW_WAIT_SLICE_NS 100000000ull   /* re-check the agent's heartbeat at least this often */
+#define GW_STALE_NS 500000000ull        /* a heartbeat this old (or half the grace, if less): the agent is silent */
+#define GW_PACE_WINDOW_NS 1000000000ull /* the grant's pace is measured over at least this much beat time */
+#define GW_PACE_WINDOW_MAX_NS 4000000000ull /* a longer window (no gated launch meanwhile) measures nothing */
+#define GW_PACE_SLOWEST_NS 100000000ull /* a silent agent's grant never goes slower than 10 launches/s */
+
+/* A silent agent (SIGKILLed, stuck, or limits that fail their check) must
+ * stall nobody: for the grace period the grant goes on, in this process's
+ * reckoning, at the pace the agent last granted, then the gate lifts. The
+ * pace is the grant's advance over heartbeat time, as this process saw it
+ * at its gated launches, over windows of 1 to 4 s of beats (per device,
+ * process-local; every process of the container reckons alike, and tickets
+ * are container-wide, so the container as a whole keeps about that pace). */
+struct pace {
+    _Atomic uint64_t win_beat, win_grant; /* where the current window started */
+    _Atomic uint64_t ns_per_launch;       /* the last window's pace; 0 none yet */
+    _Atomic uint64_t last_beat, last_grant; /* the last good (beat, grant) seen */
+};
+static struct pace pace[GW_MAX_DEVICES];
+
+/* pace_note records a good (beat, grant) read at a gated launch. */
+static void pace_note(struct pace *p, uint64_t beat, uint64_t grant) {
+    if (atomic_load_explicit(&p->last_beat, memory_order_relaxed) != beat) {
+        atomic_store_explicit(&p->last_grant, grant, memory_order_relaxed);
+        atomic_store_explicit(&p->last_beat, beat, memory_order_relaxed);
+    }
+    uint64_t b0 = atomic_load_explicit(&p->win_beat, memory_order_relaxed);
+    if (beat >= b0 && beat - b0 < GW_PACE_WINDOW_NS) return;
+    if (!atomic_compare_exchange_strong(&p->win_beat, &b0, beat)) return; /* another thread closes it */
+    uint64_t g0 = atomic_exchange(&p->win_grant, grant);
+    if (!b0 || beat < b0 || beat - b0 > GW_PACE_WINDOW_MAX_NS || grant < g0) return;
+    uint64_t per = grant > g0 ? (beat - b0) / (grant - g0) : GW_PACE_SLOWEST_NS;
+    atomic_store_explicit(&p->ns_per_launch, per ? per : 1, memory_order_relaxed);
+}
+
+static uint64_t pace_ns(struct pace *p) {
+    uint64_t per = atomic_load_explicit(&p->ns_per_launch, memory_order_relaxed);
+    return per && per < GW_PACE_SLOWEST_NS ? per : GW_PACE_SLOWEST_NS;
+}
 
 /* gw_gate_wait takes a ticket on the current device and waits until the
- * agent's grant covers it, the gate is lifted, or the agent falls silent. */
+ * agent's grant covers it, the gate is lifted, or the agent falls silent:
+ * then until the grant, reckoned on at the agent's last pace from its last
+ * beat, covers it, or the grace period since that beat is over. */
 __attribute__((noinline)) CUresult gw_gate_wait(void) {
     struct gw_limits *l = atomic_load_explicit(&gw_limits, memory_order_acquire);
     CUdevice dev;
@@ -20,18 +60,43 @@ __attribute__((noinline)) CUresult gw_gate_wait(void) {
     uint32_t bit = 1u << dev;
     if (!(atomic_load(&gw_snap_gate_mask) & bit)) return CUDA_SUCCESS;
     struct gw_gate *g = &l->gate[dev];
+    struct pace *p = &pace[dev];
     uint64_t ticket = atomic_fetch_add(&gw_usage->launches_issued[dev], 1) + 1;
-    if (ticket <= atomic_load(&g->grant)) return CUDA_SUCCESS;
+    if (GW_LIKELY(!atomic_load_explicit(&gw_limits_bad_since, memory_order_relaxed))) {
+        uint64_t grant = atomic_load(&g->grant);
+        pace_note(p, atomic_load_explicit(&l->heartbeat_ns, memory_order_relaxed), grant);
+        if (ticket <= grant) return CUDA_SUCCESS;
+    }
     uint64_t start = gw_now_ns();
     for (;;) {
         uint32_t w = atomic_load(&g->wake);
-        if (ticket <= atomic_load(&g->grant)) break;
         gw_limits_check();
         if (!(atomic_load(&gw_snap_gate_mask) & bit)) break; /* the gate was lifted */
-        uint64_t now = gw_now_ns(), beat = atomic_load(&l->heartbeat_ns), grace = atomic_load(&l->grace_ns);
-        if (!grace) grace = GW_DEFAULT_GRACE_NS;
-        if (now > beat && now - beat > grace) break; /* no agent: launches are not held */
-        struct timespec ts = {0, GW_WAIT_SLICE_NS};
+        uint64_t grant, beat, bad = atomic_load_explicit(&gw_limits_bad_since, memory_order_relaxed);
+        if (!bad) {
+            grant = atomic_load(&g->grant);
+            beat = atomic_load_explicit(&l->heartbeat_ns, memory_order_relaxed);
+            pace_note(p, beat, grant);
+        } else { /* limits failed their check: trust what was seen before, as from a silent agent */
+            grant = atomic_load_explicit(&p->last_grant, memory_order_relaxed);
+            beat = atomic_load_explicit(&p->last_beat, memory_order_relaxed);
+            if (!beat) beat = bad;
+        }
+        if (ticket <= grant) break;
+        uint64_t now = gw_now_ns(), grace = atomic_load(&gw_snap_grace);
+        uint64_t age = now > beat ? now - beat : 0, stale = grace / 2 < GW_STALE_NS ? grace / 2 : GW_STALE_NS;
+        if (age >= grace) break; /* no agent: launches are not held */
+        uint64_t wait = GW_WAIT_SLICE_NS;
+        if (age >= stale) { /* a silent agent: its grant goes on at its last pace from its last beat */
+            uint64_t per = pace_ns(p), ahead = ticket - grant;
+            uint64_t due = ahead > (UINT64_MAX - beat) / per ? UINT64_MAX : beat + ahead * per;
+            if (now >= due) break;
+            if (due - now < wait) wait = due - now;
+        } else if (stale - age < wait) {
+            wait = stale - age;
+        }
+        if (grace - age < wait) wait = grace - age;
+        struct timespec ts = {(time_t)(wait / 1000000000ull), (long)(wait % 1000000000ull)};
         syscall(SYS_futex, &g->wake, FUTEX_WAIT, w, &ts, NULL, 0);
     }
     struct gw_slot *me = atomic_load(&gw_slot);
@@ -53,13 +118,14 @@ static inline __attribute__((always_inline)) CUresult launch_enter(void) {
 
 #define LAUNCH_HOOK(name, params, args)                                                            \
     GW_EXPORT CUresult name params {                                                               \
-        if (GW_UNLIKELY(gw_in_hook)) return gw_be.name args;                                       \
+        const int outer = gw_in_hook;                                                              \
+        if (GW_DRIVER_REENTRY(outer)) return gw_be.name args;                                      \
         CUresult rc = launch_enter();                                                              \
         if (GW_UNLIKELY(rc)) return rc;                                                            \
         if (GW_UNLIKELY(!gw_be.name)) return CUDA_ERROR_NOT_FOUND;                                 \
         gw_in_hook = 1;                                                                            \
         rc = gw_be.name args;                                                                      \
-        gw_in_hook = 0;                                                                            \
+        gw_in_hook = outer;                                                                        \
         return rc;                                                                                 \
     }
 

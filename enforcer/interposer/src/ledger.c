@@ -21,6 +21,8 @@ struct gw_usage *gw_usage;
 struct gw_limits *_Atomic gw_limits;
 _Atomic uint64_t gw_limits_seq;
 _Atomic uint32_t gw_snap_gate_mask;
+_Atomic uint64_t gw_snap_grace;
+_Atomic uint64_t gw_limits_bad_since;
 static _Atomic uint64_t snap_mem[GW_MAX_DEVICES];
 static _Atomic uint64_t snap_ctx_reserve, snap_generation;
 static char limits_path[GW_CONTROL_DIR_MAX + 300];
@@ -63,20 +65,43 @@ static uint64_t cgroup_id_of(const char *cgpath) {
     return stat(path, &st) == 0 ? (uint64_t)st.st_ino : 0;
 }
 
-int gw_ledger_open(const char *dir, const char *key, const char *cgpath, char *err, size_t errlen) {
-    char path[GW_CONTROL_DIR_MAX + 300];
-    snprintf(path, sizeof path, "%s/%s", dir, key);
-    if (mkdir_p(path, 0755)) {
+/* open_usage opens the container's ledger: a regular file, never through a
+ * symlink, never blocking (a FIFO or device is refused, not waited on).
+ * Standalone mode (no limits yet) makes the directory and the file; under
+ * an agent the directory is the agent's and is never made here, and the
+ * file is made only where the agent left none and the directory lets this
+ * process write (an agent or device plugin makes it, in a directory the
+ * container cannot write). */
+static int open_usage(const char *dir, const char *key, char *path, size_t pathlen, char *err, size_t errlen) {
+    struct stat st;
+    int agent = lstat(limits_path, &st) == 0 || errno != ENOENT;
+    snprintf(path, pathlen, "%s/%s", dir, key);
+    if (!agent && mkdir_p(path, 0755)) {
         snprintf(err, errlen, "make control directory %s: %s", path, strerror(errno));
         return -1;
     }
-    snprintf(limits_path, sizeof limits_path, "%s/%s/limits", dir, key);
-    snprintf(path, sizeof path, "%s/%s/usage", dir, key);
-    int fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+    snprintf(path, pathlen, "%s/%s/usage", dir, key);
+    const int flags = O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
+    int fd = open(path, flags);
+    if (fd < 0 && errno == ENOENT) fd = open(path, flags | O_CREAT | (agent ? O_EXCL : 0), 0666);
+    if (fd < 0 && agent && errno == EEXIST) fd = open(path, flags); /* another process of the container made it */
     if (fd < 0) {
-        snprintf(err, errlen, "open ledger %s: %s", path, strerror(errno));
+        snprintf(err, errlen, "open ledger %s: %s", path, errno == ELOOP ? "is a symlink" : strerror(errno));
         return -1;
     }
+    if (fstat(fd, &st) || !S_ISREG(st.st_mode)) {
+        snprintf(err, errlen, "ledger %s: not a regular file", path);
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+int gw_ledger_open(const char *dir, const char *key, const char *cgpath, char *err, size_t errlen) {
+    char path[GW_CONTROL_DIR_MAX + 300];
+    snprintf(limits_path, sizeof limits_path, "%s/%s/limits", dir, key);
+    int fd = open_usage(dir, key, path, sizeof path, err, errlen);
+    if (fd < 0) return -1;
     flock(fd, LOCK_EX); /* the first process lays the ledger out */
     struct stat st;
     const char *bad = NULL;
@@ -115,35 +140,82 @@ int gw_ledger_open(const char *dir, const char *key, const char *cgpath, char *e
 
 /* ---- limits ---- */
 
-/* map_limits maps and validates the limits file: 1 mapped, 0 absent, -1 bad. */
+/* read_limits takes one consistent copy of the header and config under the
+ * seqlock: 0, or -1 when the agent kept it odd for too long. */
+static int read_limits(struct gw_limits *l, struct gw_limits_view *v, uint64_t *seq) {
+    for (int tries = 0; tries < 10000; tries++) {
+        uint64_t s1 = atomic_load_explicit(&l->seq, memory_order_acquire);
+        if (s1 & 1) {
+            sched_yield();
+            continue;
+        }
+        /* the header words are plain fields: read each once, as the writer left them */
+        v->magic = __atomic_load_n(&l->magic, __ATOMIC_RELAXED);
+        v->abi_major = __atomic_load_n(&l->abi_major, __ATOMIC_RELAXED);
+        v->abi_minor = __atomic_load_n(&l->abi_minor, __ATOMIC_RELAXED);
+        v->size = __atomic_load_n(&l->size, __ATOMIC_RELAXED);
+        for (int d = 0; d < GW_MAX_DEVICES; d++) v->mem_limit[d] = atomic_load_explicit(&l->mem_limit[d], memory_order_relaxed);
+        v->generation = atomic_load_explicit(&l->generation, memory_order_relaxed);
+        v->context_reserve = atomic_load_explicit(&l->context_reserve, memory_order_relaxed);
+        v->grace_ns = atomic_load_explicit(&l->grace_ns, memory_order_relaxed);
+        v->gate_mask = atomic_load_explicit(&l->gate_mask, memory_order_relaxed);
+        v->ndev = atomic_load_explicit(&l->ndev, memory_order_relaxed);
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&l->seq, memory_order_relaxed) != s1) continue;
+        *seq = s1;
+        return 0;
+    }
+    return -1;
+}
+
+static void adopt(const struct gw_limits_view *v, uint64_t seq) {
+    for (int d = 0; d < GW_MAX_DEVICES; d++) atomic_store_explicit(&snap_mem[d], v->mem_limit[d], memory_order_relaxed);
+    atomic_store_explicit(&snap_generation, v->generation, memory_order_relaxed);
+    atomic_store_explicit(&snap_ctx_reserve, v->context_reserve, memory_order_relaxed);
+    atomic_store_explicit(&gw_snap_grace, v->grace_ns ? v->grace_ns : GW_DEFAULT_GRACE_NS, memory_order_relaxed);
+    atomic_store_explicit(&gw_snap_gate_mask, v->gate_mask, memory_order_relaxed);
+    atomic_store_explicit(&gw_limits_bad_since, 0, memory_order_relaxed);
+    atomic_store_explicit(&gw_limits_seq, seq, memory_order_release);
+}
+
+/* map_limits maps and validates the limits file: 1 mapped, 0 absent, -1 bad.
+ * Only a regular file is taken, never through a symlink, never blocking. */
 static int map_limits(char *err, size_t errlen) {
-    int fd = open(limits_path, O_RDONLY | O_CLOEXEC);
+    int fd = open(limits_path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     if (fd < 0) {
         if (errno == ENOENT) return 0;
-        snprintf(err, errlen, "open limits %s: %s", limits_path, strerror(errno));
+        snprintf(err, errlen, "open limits %s: %s", limits_path, errno == ELOOP ? "is a symlink" : strerror(errno));
         return -1;
     }
     struct stat st;
     const char *bad = NULL;
     struct gw_limits *l = MAP_FAILED;
+    struct gw_limits_view v;
+    uint64_t seq = 0;
     if (fstat(fd, &st)) bad = strerror(errno);
+    else if (!S_ISREG(st.st_mode)) bad = "not a regular file";
     else if ((size_t)st.st_size < sizeof *l) bad = "file shorter than this ABI's limits";
     if (!bad && (l = mmap(NULL, sizeof *l, PROT_READ, MAP_SHARED, fd, 0)) == MAP_FAILED) bad = strerror(errno);
     if (!bad) bad = gw_limits_check_header(l, sizeof *l);
+    if (!bad && read_limits(l, &v, &seq)) bad = "the agent never finished writing it";
+    if (!bad) bad = gw_limits_check_view(&v, 0);
     close(fd);
     if (bad) {
         if (l != MAP_FAILED) munmap(l, sizeof *l);
         snprintf(err, errlen, "limits %s: %s", limits_path, bad);
         return -1;
     }
+    pthread_mutex_lock(&gw_lim_mu);
+    adopt(&v, seq);
     atomic_store_explicit(&gw_limits, l, memory_order_release);
-    gw_limits_refresh();
+    pthread_mutex_unlock(&gw_lim_mu);
     return 1;
 }
 
 int gw_limits_open(char *err, size_t errlen) {
     /* until the agent's limits are read, the environment's hold */
     for (int d = 0; d < GW_MAX_DEVICES; d++) atomic_store(&snap_mem[d], gw_env.mem_limit[d]);
+    atomic_store(&gw_snap_grace, GW_DEFAULT_GRACE_NS);
     return map_limits(err, errlen) < 0 ? -1 : 0;
 }
 
@@ -154,29 +226,26 @@ void gw_limits_poll_file(void) {
         gw_fatal("%s; keeping the environment's limits", err);
 }
 
-/* gw_limits_refresh takes a consistent copy of the agent's config (seqlock). */
+/* gw_limits_refresh takes a consistent copy of the agent's config (seqlock)
+ * and re-checks the header with it. A bad read fails closed: the last good
+ * limits stay in force (nothing is lifted), the gate treats the agent as
+ * silent from then on, and the read is not retried until seq moves again. */
 void gw_limits_refresh(void) {
     struct gw_limits *l = atomic_load_explicit(&gw_limits, memory_order_acquire);
     if (!l || pthread_mutex_trylock(&gw_lim_mu)) return;
-    for (int tries = 0; tries < 10000; tries++) {
-        uint64_t s1 = atomic_load_explicit(&l->seq, memory_order_acquire);
-        if (s1 & 1) {
-            sched_yield();
-            continue;
+    struct gw_limits_view v;
+    uint64_t seq;
+    if (!read_limits(l, &v, &seq)) {
+        const char *bad = gw_limits_check_view(&v, atomic_load_explicit(&snap_generation, memory_order_relaxed));
+        if (!bad) {
+            adopt(&v, seq);
+        } else {
+            if (!atomic_load_explicit(&gw_limits_bad_since, memory_order_relaxed))
+                atomic_store_explicit(&gw_limits_bad_since, gw_now_ns(), memory_order_relaxed);
+            atomic_store_explicit(&gw_limits_seq, seq, memory_order_release);
+            if (!atomic_exchange(&limits_bad_logged, 1))
+                gw_fatal("limits %s: %s; keeping the last good limits", limits_path, bad);
         }
-        uint64_t mem[GW_MAX_DEVICES];
-        for (int d = 0; d < GW_MAX_DEVICES; d++) mem[d] = atomic_load_explicit(&l->mem_limit[d], memory_order_relaxed);
-        uint64_t gen = atomic_load_explicit(&l->generation, memory_order_relaxed);
-        uint64_t ctx = atomic_load_explicit(&l->context_reserve, memory_order_relaxed);
-        uint32_t mask = atomic_load_explicit(&l->gate_mask, memory_order_relaxed);
-        atomic_thread_fence(memory_order_acquire);
-        if (atomic_load_explicit(&l->seq, memory_order_relaxed) != s1) continue;
-        for (int d = 0; d < GW_MAX_DEVICES; d++) atomic_store_explicit(&snap_mem[d], mem[d], memory_order_relaxed);
-        atomic_store_explicit(&snap_generation, gen, memory_order_relaxed);
-        atomic_store_explicit(&snap_ctx_reserve, ctx, memory_order_relaxed);
-        atomic_store_explicit(&gw_snap_gate_mask, mask, memory_order_relaxed);
-        atomic_store_explicit(&gw_limits_seq, s1, memory_order_release);
-        break;
     }
     pthread_mutex_unlock(&gw_lim_mu);
 }

@@ -9,7 +9,7 @@
 #define NV_ENTER(name, args)                                                                       \
     do {                                                                                           \
         if (gw_nvml_load() || !gw_be.name) return NVML_ERROR_LIBRARY_NOT_FOUND;                    \
-        if (GW_UNLIKELY(gw_in_hook)) return gw_be.name args;                                       \
+        if (GW_DRIVER_REENTRY(gw_in_hook)) return gw_be.name args;                                 \
         if (gw_core() == GW_FAILED) return GW_FAILED_NVML;                                         \
     } while (0)
 

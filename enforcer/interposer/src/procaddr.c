@@ -5,7 +5,11 @@
  * other answer through unchanged. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <link.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "internal.h"
 
@@ -29,6 +33,87 @@ void *gw_real_dlsym(void *handle, const char *name) {
 
 /* ---- loading the driver ---- */
 
+struct gw_text gw_drv_text, gw_own_text;
+
+struct text_query {
+    uintptr_t addr;   /* an address inside the object */
+    struct gw_text *out;
+};
+
+/* text_of finds the object that holds q->addr and spans its executable
+ * segments (for the re-entry guard, internal.h). */
+static int text_of(struct dl_phdr_info *info, size_t size, void *arg) {
+    (void)size;
+    struct text_query *q = arg;
+    uintptr_t lo = UINTPTR_MAX, hi = 0;
+    int mine = 0;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD) continue;
+        uintptr_t a = info->dlpi_addr + ph->p_vaddr, b = a + ph->p_memsz;
+        if (q->addr >= a && q->addr < b) mine = 1;
+        if (!(ph->p_flags & PF_X)) continue;
+        if (a < lo) lo = a;
+        if (b > hi) hi = b;
+    }
+    if (!mine || lo >= hi) return 0;
+    *q->out = (struct gw_text){.lo = lo, .len = hi - lo};
+    return 1;
+}
+
+static void find_text(const void *addr, struct gw_text *out) {
+    struct text_query q = {.addr = (uintptr_t)addr, .out = out};
+    dl_iterate_phdr(text_of, &q);
+}
+
+/* The kernel's uretprobe trampoline: a uretprobe on a driver function (the
+ * agent's eBPF puts them on libcuda) replaces that function's return address
+ * with the start of the process's "[uprobes]" page, so a driver function that
+ * tail-calls its base reaches the base's hook with that address. The page is
+ * the kernel's (no program can map one of that name); it is made at the
+ * first probe hit, so it is looked up when an address is not known, and kept.
+ * Only calls made with the guard set get here: those, and a signal handler's
+ * calls during a hook, which pay for reading /proc/self/maps. open, read and
+ * close are async-signal-safe; nothing here allocates. */
+static _Atomic uintptr_t uprobes_lo, uprobes_len;
+
+static int find_uprobes(uintptr_t *lo, uintptr_t *len) {
+    int fd = open("/proc/self/maps", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    char buf[4096];
+    size_t have = 0;
+    int found = 0;
+    for (ssize_t n; !found && (n = read(fd, buf + have, sizeof buf - 1 - have)) > 0;) {
+        have += (size_t)n;
+        char *line = buf, *nl;
+        while (!found && (nl = memchr(line, '\n', have - (size_t)(line - buf)))) {
+            if (nl - line > 9 && !memcmp(nl - 9, "[uprobes]", 9)) { /* "start-end perms ... [uprobes]" */
+                char *end;
+                uintptr_t a = strtoull(line, &end, 16), b = *end == '-' ? strtoull(end + 1, NULL, 16) : 0;
+                if (b > a) *lo = a, *len = b - a, found = 1;
+            }
+            line = nl + 1;
+        }
+        size_t rest = have - (size_t)(line - buf);
+        if (rest == sizeof buf - 1) rest = 0; /* a line longer than the buffer is not the one */
+        memmove(buf, buf + (have - rest), rest);
+        have = rest;
+    }
+    close(fd);
+    return found;
+}
+
+int gw_from_uprobes(uintptr_t a) {
+    uintptr_t lo = atomic_load_explicit(&uprobes_lo, memory_order_relaxed);
+    uintptr_t len = atomic_load_explicit(&uprobes_len, memory_order_relaxed);
+    if (a - lo < len) return 1;
+    if (!find_uprobes(&lo, &len)) return 0;
+    atomic_store_explicit(&uprobes_len, 0, memory_order_relaxed);
+    atomic_store_explicit(&uprobes_lo, lo, memory_order_relaxed);
+    atomic_store_explicit(&uprobes_len, len, memory_order_relaxed);
+    return a - lo < len;
+}
+
 static pthread_once_t cuda_once = PTHREAD_ONCE_INIT, nvml_once = PTHREAD_ONCE_INIT;
 static int cuda_ok, nvml_ok;
 
@@ -44,6 +129,10 @@ static void cuda_load(void) {
     GW_CUDA_HOOKS(LOAD)
     GW_CUDA_USED(LOAD)
     cuda_ok = gw_be.cuInit && gw_be.cuCtxGetCurrent && gw_be.cuCtxGetDevice;
+    if (cuda_ok) {
+        find_text((const void *)gw_be.cuInit, &gw_drv_text);
+        find_text((const void *)&text_of, &gw_own_text);
+    }
 }
 
 static void nvml_load(void) {

@@ -9,11 +9,15 @@
  * defpool SIZE, vmm SIZE D, vmm-host SIZE, vmm-release, vmm-unmap, free,
  * freeall, sync, meminfo, totalmem D, launch N, launchex N, coop N, graph N,
  * hold, fork, storm THREADS ITERS MAXSIZE linear|mixed, prethreads N SIZE,
- * prethreads-go, nvml, sleep MS. Each prints "<step> <CUDA result> [k=v...]".
+ * prethreads-go, nvml, sleep MS, kernel NS (one kernel of NS nanoseconds on the stream, not waited for),
+ * sigalloc SIZE MS (in MS milliseconds a SIGUSR1 reaches the main thread, whose handler
+ * allocates SIZE), sigwait (waits for that handler; prints its result and the step it interrupted).
+ * Each prints "<step> <CUDA result> [k=v...]".
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -307,6 +311,30 @@ static void *pre_thread(void *arg) {
     return NULL;
 }
 
+/* ---- an allocation from a signal handler ---- */
+static const char *volatile cur_step = "";
+static pthread_t main_thread, sig_thread;
+static size_t sig_size;
+static long sig_delay_ms;
+static volatile sig_atomic_t sig_done;
+static CUresult sig_rc;
+static const char *sig_step;
+
+static void sig_handler(int sig) {
+    (void)sig;
+    CUdeviceptr p;
+    sig_step = cur_step;
+    sig_rc = cu.cuMemAlloc_v2(&p, sig_size);
+    sig_done = 1;
+}
+
+static void *sig_sender(void *arg) {
+    (void)arg;
+    usleep((useconds_t)sig_delay_ms * 1000);
+    pthread_kill(main_thread, SIGUSR1);
+    return NULL;
+}
+
 /* ---- NVML ---- */
 static void nvml_view(void) {
     nvmlReturn_t r = nvmlInit_v2();
@@ -350,6 +378,7 @@ int main(int argc, char **argv) {
         const char *a1 = i + 1 < argc ? argv[i + 1] : "0", *a2 = i + 2 < argc ? argv[i + 2] : "0";
         CUresult rc = CUDA_SUCCESS;
         char extra[256] = "";
+        cur_step = s;
         if (!strcmp(s, "init")) {
             rc = cu.cuInit(0);
         } else if (!strcmp(s, "ctx")) {
@@ -496,6 +525,26 @@ int main(int argc, char **argv) {
         } else if (!strcmp(s, "nvml")) {
             nvml_view();
             continue;
+        } else if (!strcmp(s, "kernel")) {
+            unsigned long long ns = strtoull(a1, NULL, 10);
+            void *params[] = {&ns};
+            rc = ensure_stream();
+            if (!rc) rc = cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL);
+            i++;
+        } else if (!strcmp(s, "sigalloc")) {
+            struct sigaction sa = {.sa_handler = sig_handler, .sa_flags = SA_RESTART};
+            sigemptyset(&sa.sa_mask);
+            sigaction(SIGUSR1, &sa, NULL);
+            sig_size = parse_size(a1);
+            sig_delay_ms = atol(a2);
+            main_thread = pthread_self();
+            if (pthread_create(&sig_thread, NULL, sig_sender, NULL)) rc = CUDA_ERROR_OUT_OF_MEMORY;
+            i += 2;
+        } else if (!strcmp(s, "sigwait")) {
+            pthread_join(sig_thread, NULL);
+            for (int k = 0; k < 10000 && !sig_done; k++) usleep(1000);
+            rc = sig_done ? sig_rc : CUDA_ERROR_NOT_READY;
+            snprintf(extra, sizeof extra, " step=%s", sig_done ? sig_step : "none");
         } else if (!strcmp(s, "sleep")) {
             usleep((useconds_t)atoi(a1) * 1000);
             i++;
