@@ -1,0 +1,207 @@
+package controlblock
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
+)
+
+// Offsets of device 0's counters, for edits of a valid ledger.
+var (
+	offReserved0 = int(unsafe.Offsetof(Usage{}.ReservedBytes))
+	offIssued0   = int(unsafe.Offsetof(Usage{}.LaunchesIssued))
+)
+
+// hostile makes path the kind of file a container could leave as its ledger.
+type hostile func(t testing.TB, path string)
+
+var hostileLedgers = map[string]hostile{
+	"symlink to /dev/zero": func(t testing.TB, p string) { must(t, os.Symlink("/dev/zero", p)) },
+	"symlink to a valid ledger": func(t testing.TB, p string) {
+		must(t, os.WriteFile(p+".real", validLedger(), 0o666))
+		must(t, os.Symlink(p+".real", p))
+	},
+	"FIFO":          func(t testing.TB, p string) { must(t, syscall.Mkfifo(p, 0o666)) },
+	"directory":     func(t testing.TB, p string) { must(t, os.Mkdir(p, 0o755)) },
+	"empty file":    func(t testing.TB, p string) { must(t, os.WriteFile(p, nil, 0o666)) },
+	"short file":    func(t testing.TB, p string) { must(t, os.WriteFile(p, validLedger()[:4096], 0o666)) },
+	"huge file":     func(t testing.TB, p string) { writeSized(t, p, validLedger(), 1<<40) },
+	"one byte more": func(t testing.TB, p string) { writeSized(t, p, validLedger(), int64(UsageSize)+1) },
+	"unix socket": func(t testing.TB, p string) {
+		fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM, 0)
+		must(t, err)
+		t.Cleanup(func() { syscall.Close(fd) })
+		must(t, syscall.Bind(fd, &syscall.SockaddrUnix{Name: p}))
+	},
+}
+
+func must(t testing.TB, err error) {
+	t.Helper()
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// writeSized writes b and sets the file's size (sparse beyond b).
+func writeSized(t testing.TB, p string, b []byte, size int64) {
+	t.Helper()
+	must(t, os.WriteFile(p, b, 0o666))
+	must(t, os.Truncate(p, size))
+}
+
+// within fails the test when f does not return in time: a read that blocks
+// on a FIFO is the bug, not a slow machine.
+func within(t testing.TB, d time.Duration, f func()) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { defer close(done); f() }()
+	select {
+	case <-done:
+	case <-time.After(d):
+		t.Fatalf("blocked for %v", d)
+	}
+}
+
+func TestReadUsageRefusesHostileFiles(t *testing.T) {
+	for name, mk := range hostileLedgers {
+		t.Run(name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "usage")
+			mk(t, p)
+			within(t, 10*time.Second, func() {
+				if _, err := ReadUsage(p); err == nil {
+					t.Error("ReadUsage accepted it")
+				}
+				if u, err := OpenUsage(p); err == nil {
+					u.Close()
+					t.Error("OpenUsage accepted it")
+				}
+			})
+		})
+	}
+}
+
+func TestReadUsageRefusesDeviceNode(t *testing.T) {
+	simtest.RequirePrivileged(t, "mknod")
+	p := filepath.Join(t.TempDir(), "usage")
+	must(t, syscall.Mknod(p, syscall.S_IFCHR|0o666, 1<<8|5)) // 1:5, /dev/zero
+	within(t, 10*time.Second, func() {
+		if _, err := ReadUsage(p); !errors.Is(err, ErrBadFile) {
+			t.Errorf("ReadUsage of a device node: %v, want ErrBadFile", err)
+		}
+	})
+}
+
+func TestLedgerReadsThroughChanges(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "usage")
+	must(t, os.WriteFile(p, validLedger(), 0o666))
+	l, err := OpenLedger(p)
+	must(t, err)
+	defer l.Close()
+	buf := make([]byte, UsageSize)
+	if s, err := l.Read(buf); err != nil || s.ReservedBytes[0] != 3<<30 {
+		t.Fatalf("read: %v %+v", err, s)
+	}
+	// Truncated while open: an error, and a read again once it is whole.
+	must(t, os.Truncate(p, 100))
+	if _, err := l.Read(buf); !errors.Is(err, ErrBadFile) {
+		t.Errorf("truncated ledger: %v, want ErrBadFile", err)
+	}
+	must(t, os.WriteFile(p, validLedger(), 0o666))
+	if _, err := l.Read(buf); err != nil {
+		t.Errorf("restored ledger: %v", err)
+	}
+	// Replaced by a new file: the new one is read.
+	b := validLedger()
+	b[offReserved0] = 1
+	must(t, os.WriteFile(p+".new", b, 0o666))
+	must(t, os.Rename(p+".new", p))
+	if s, err := l.Read(buf); err != nil || s.ReservedBytes[0] != 3<<30|1 {
+		t.Errorf("replaced ledger: %v, reserved %d", err, s.ReservedBytes[0])
+	}
+	// Replaced by a FIFO: refused without blocking.
+	must(t, os.Remove(p))
+	must(t, syscall.Mkfifo(p, 0o666))
+	within(t, 10*time.Second, func() {
+		if _, err := l.Read(buf); !errors.Is(err, ErrBadFile) {
+			t.Errorf("FIFO: %v, want ErrBadFile", err)
+		}
+	})
+}
+
+// TestUsageFileSurvivesTruncation: a mapped ledger truncated under the
+// agent reads as zero and says so, where it used to kill the agent with
+// SIGBUS.
+func TestUsageFileSurvivesTruncation(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "usage")
+	b := validLedger()
+	b[offIssued0] = 7
+	must(t, os.WriteFile(p, b, 0o666))
+	u, err := OpenUsage(p)
+	must(t, err)
+	defer u.Close()
+	if u.Issued(0) != 7 || u.Reserved(0) != 3<<30 || u.Err() != nil {
+		t.Fatalf("issued %d reserved %d err %v", u.Issued(0), u.Reserved(0), u.Err())
+	}
+	must(t, os.Truncate(p, 0))
+	if u.Issued(0) != 0 || u.Reserved(0) != 0 {
+		t.Error("a truncated ledger reads other than zero")
+	}
+	if _, err := u.Snapshot(); !errors.Is(err, ErrLedgerShrank) {
+		t.Errorf("snapshot of a truncated ledger: %v", err)
+	}
+	if !errors.Is(u.Err(), ErrLedgerShrank) {
+		t.Errorf("Err = %v, want ErrLedgerShrank", u.Err())
+	}
+}
+
+// FuzzLedgerFile: whatever a container leaves as its ledger (kind, size,
+// bytes), reading it returns, never panics, blocks or faults, and accepts
+// only a regular file of the ABI's size.
+func FuzzLedgerFile(f *testing.F) {
+	f.Add(byte(0), int64(UsageSize), validLedger())
+	f.Add(byte(0), int64(0), validLedger())
+	f.Add(byte(0), int64(1)<<40, []byte("x"))
+	f.Add(byte(1), int64(0), []byte(nil))
+	f.Add(byte(2), int64(0), []byte(nil))
+	f.Add(byte(3), int64(0), []byte(nil))
+	f.Add(byte(4), int64(100), validLedger())
+	f.Fuzz(func(t *testing.T, kind byte, size int64, b []byte) {
+		p := filepath.Join(t.TempDir(), "usage")
+		size = max(0, size%(1<<40))
+		regular := false
+		switch kind % 5 {
+		case 0:
+			writeSized(t, p, b, size)
+			regular = true
+		case 1:
+			must(t, syscall.Mkfifo(p, 0o666))
+		case 2:
+			must(t, os.Symlink("/dev/zero", p))
+		case 3:
+			must(t, os.Mkdir(p, 0o755))
+		case 4: // mapped whole, then truncated to size under the mapping
+			must(t, os.WriteFile(p, validLedger(), 0o666))
+			u, err := OpenUsage(p)
+			must(t, err)
+			defer u.Close()
+			writeSized(t, p, b, size)
+			within(t, 10*time.Second, func() {
+				_, _ = u.Snapshot()
+				_ = u.Issued(int(size % MaxDevices))
+			})
+			return
+		}
+		within(t, 10*time.Second, func() {
+			_, err := ReadUsage(p)
+			if err == nil && (!regular || size != int64(UsageSize)) {
+				t.Fatalf("accepted kind %d of %d bytes", kind%5, size)
+			}
+		})
+	})
+}
