@@ -205,3 +205,106 @@ func FuzzLedgerFile(f *testing.F) {
 		})
 	})
 }
+
+// TestAdoptDir: a container's directory becomes the agent's, 0755; a
+// symlink or a file in its place is refused and left alone.
+func TestAdoptDir(t *testing.T) {
+	simtest.RequirePrivileged(t, "chown")
+	root := t.TempDir()
+	dir := filepath.Join(root, "ctr")
+	must(t, os.Mkdir(dir, 0o777))
+	must(t, os.Chmod(dir, 0o777))
+	must(t, os.Chown(dir, 65534, 65534))
+	must(t, AdoptDir(dir))
+	var st syscall.Stat_t
+	must(t, syscall.Lstat(dir, &st))
+	if int(st.Uid) != os.Geteuid() || st.Mode&0o7777 != 0o755 {
+		t.Errorf("adopted: uid %d mode %#o, want uid %d mode 0755", st.Uid, st.Mode&0o7777, os.Geteuid())
+	}
+
+	elsewhere := filepath.Join(root, "elsewhere")
+	must(t, os.Mkdir(elsewhere, 0o777))
+	must(t, os.Chmod(elsewhere, 0o777))
+	must(t, os.Symlink(elsewhere, filepath.Join(root, "link")))
+	must(t, os.WriteFile(filepath.Join(root, "file"), nil, 0o644))
+	for _, name := range []string{"link", "file"} {
+		if err := AdoptDir(filepath.Join(root, name)); !errors.Is(err, ErrBadFile) {
+			t.Errorf("AdoptDir(%s): %v, want ErrBadFile", name, err)
+		}
+	}
+	must(t, syscall.Lstat(elsewhere, &st))
+	if st.Mode&0o7777 != 0o777 {
+		t.Errorf("the symlink's target was changed: mode %#o", st.Mode&0o7777)
+	}
+}
+
+// TestAdoptLimitsReplacesForeignFiles: limits the agent did not write
+// (another user's, a symlink, the wrong size) are never mapped: a new file
+// from the agent's config replaces them.
+func TestAdoptLimitsReplacesForeignFiles(t *testing.T) {
+	simtest.RequirePrivileged(t, "chown")
+	valid := func(p string) {
+		lf, err := CreateLimits(p, LimitsConfig{NDev: 1})
+		must(t, err)
+		lf.Close()
+	}
+	for name, plant := range map[string]func(p string){
+		"another user's":  func(p string) { valid(p); must(t, os.Chown(p, 65534, 65534)) },
+		"writable by all": func(p string) { valid(p); must(t, os.Chmod(p, 0o666)) },
+		"symlink": func(p string) {
+			valid(p + ".real")
+			must(t, os.Symlink(p+".real", p))
+		},
+		"short":      func(p string) { must(t, os.WriteFile(p, make([]byte, 100), 0o644)) },
+		"not limits": func(p string) { must(t, os.WriteFile(p, make([]byte, LimitsSize), 0o644)) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			p := filepath.Join(t.TempDir(), "ctr", "limits")
+			must(t, os.MkdirAll(filepath.Dir(p), 0o755))
+			plant(p)
+			lf, err := AdoptLimits(p, LimitsConfig{NDev: 1, MemLimit: [MaxDevices]uint64{1 << 30}})
+			must(t, err)
+			defer lf.Close()
+			if c := lf.Config(); c.MemLimit[0] != 1<<30 {
+				t.Errorf("kept the planted file: limit %d", c.MemLimit[0])
+			}
+			var st syscall.Stat_t
+			must(t, syscall.Lstat(p, &st))
+			if st.Mode&syscall.S_IFMT != syscall.S_IFREG || int(st.Uid) != os.Geteuid() || st.Mode&0o777 != 0o644 {
+				t.Errorf("limits now: mode %#o uid %d", st.Mode, st.Uid)
+			}
+		})
+	}
+	// The agent's own limits are kept as they are.
+	p := filepath.Join(t.TempDir(), "ctr", "limits")
+	lf, err := CreateLimits(p, LimitsConfig{NDev: 1, MemLimit: [MaxDevices]uint64{2 << 30}})
+	must(t, err)
+	lf.Close()
+	lf, err = AdoptLimits(p, LimitsConfig{NDev: 1, MemLimit: [MaxDevices]uint64{1 << 30}})
+	must(t, err)
+	defer lf.Close()
+	if c := lf.Config(); c.MemLimit[0] != 2<<30 {
+		t.Errorf("the agent's own limits were replaced: limit %d", c.MemLimit[0])
+	}
+}
+
+// TestPrepareControlDir: the control directory is the agent's, and sticky
+// wherever others may write it, so no container can move another's
+// directory (or its own, once adopted).
+func TestPrepareControlDir(t *testing.T) {
+	simtest.RequirePrivileged(t, "chown")
+	root := t.TempDir()
+	shared, private, fresh := filepath.Join(root, "shared"), filepath.Join(root, "private"), filepath.Join(root, "fresh")
+	must(t, os.Mkdir(shared, 0o777))
+	must(t, os.Chmod(shared, 0o777))
+	must(t, os.Chown(shared, 65534, 65534))
+	must(t, os.Mkdir(private, 0o755))
+	for dir, want := range map[string]uint32{shared: 0o1777, private: 0o755, fresh: 0o1777} {
+		must(t, PrepareControlDir(dir))
+		var st syscall.Stat_t
+		must(t, syscall.Lstat(dir, &st))
+		if int(st.Uid) != os.Geteuid() || st.Mode&0o7777 != want {
+			t.Errorf("%s: uid %d mode %#o, want uid %d mode %#o", filepath.Base(dir), st.Uid, st.Mode&0o7777, os.Geteuid(), want)
+		}
+	}
+}
