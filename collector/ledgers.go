@@ -65,8 +65,7 @@ func (f *ledgerFiles) readUsage(controlDir, dir string) (*ledger, error) {
 	}
 	snap, err := m.usage.Read(f.buf)
 	if err != nil {
-		f.drop(dir)
-		return nil, err
+		return nil, err // kept open: it knows whether its file held a ledger before
 	}
 	l := &ledger{dir: dir, usage: snap}
 	lp := controlblock.LimitsPath(controlDir, dir)
@@ -103,7 +102,7 @@ func (f *ledgerFiles) keep(seen map[string]bool) {
 
 // noteBad records why dir's ledger was not read (err nil: it was).
 func (f *ledgerFiles) noteBad(dir string, err error) {
-	if err == nil || errors.Is(err, fs.ErrNotExist) { // no ledger yet: nothing wrong
+	if err == nil || errors.Is(err, fs.ErrNotExist) || errors.Is(err, controlblock.ErrNotLaidOut) { // no ledger yet: nothing wrong
 		delete(f.bad, dir)
 		return
 	}

@@ -17,6 +17,10 @@ import (
 // that the agent or the interposer made.
 var ErrBadFile = errors.New("not a control file")
 
+// ErrEmpty says a control file has no bytes: a ledger the device plugin
+// made, not laid out yet by the container's first process.
+var ErrEmpty = fmt.Errorf("%w: empty", ErrBadFile)
+
 // fileRule is what a control file must be.
 type fileRule struct {
 	size int64
@@ -61,6 +65,8 @@ func (r fileRule) check(st *syscall.Stat_t) error {
 	switch {
 	case st.Mode&syscall.S_IFMT != syscall.S_IFREG:
 		return fmt.Errorf("%w: a %s", ErrBadFile, fileKind(st.Mode))
+	case st.Size == 0:
+		return ErrEmpty
 	case st.Size != r.size:
 		return fmt.Errorf("%w: %d bytes, want %d", ErrBadFile, st.Size, r.size)
 	case !r.agentOwned:

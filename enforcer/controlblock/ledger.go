@@ -1,6 +1,7 @@
 package controlblock
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"syscall"
@@ -10,6 +11,11 @@ import (
 // container's user (the interposer or the device plugin made it).
 var ledgerRule = fileRule{size: int64(UsageSize)}
 
+// ErrNotLaidOut says a ledger is empty and never held a ledger: the device
+// plugin made it and no process of its container has run yet. It is not a
+// fault; an empty ledger that held one (truncated) is ErrBadFile.
+var ErrNotLaidOut = errors.New("ledger not laid out yet")
+
 // Ledger is a container's usage file held open for repeated reads. Every
 // read is one pread of UsageSize bytes into the caller's buffer, so a ledger
 // that shrinks, grows or turns into something else never faults, blocks or
@@ -18,29 +24,53 @@ type Ledger struct {
 	path     string
 	fd       int
 	dev, ino uint64
+	laidOut  bool // this inode read as a ledger once
 }
 
 // OpenLedger opens a container's ledger as hostile input (openControlFile).
 func OpenLedger(path string) (*Ledger, error) {
 	l := &Ledger{path: path, fd: -1}
-	if err := l.reopen(); err != nil {
+	var st syscall.Stat_t
+	if err := l.stat(&st); err != nil {
+		return nil, err
+	}
+	if err := l.reopen(&st); err != nil {
 		return nil, err
 	}
 	return l, nil
 }
 
-func (l *Ledger) reopen() error {
-	l.Close()
+func (l *Ledger) stat(st *syscall.Stat_t) error {
+	if err := syscall.Lstat(l.path, st); err != nil {
+		return fmt.Errorf("open ledger: %w", &os.PathError{Op: "lstat", Path: l.path, Err: err})
+	}
+	if st.Dev != l.dev || st.Ino != l.ino { // another file: the device plugin's fresh one, or a swap
+		l.Close()
+		l.dev, l.ino, l.laidOut = st.Dev, st.Ino, false
+	}
+	return nil
+}
+
+// reopen opens the file st describes, when it is not open.
+func (l *Ledger) reopen(st *syscall.Stat_t) error {
+	if err := ledgerRule.check(st); errors.Is(err, ErrEmpty) && !l.laidOut {
+		return fmt.Errorf("open ledger %s: %w", l.path, ErrNotLaidOut)
+	} else if err != nil {
+		return fmt.Errorf("open ledger %s: %w", l.path, err)
+	}
+	if l.fd >= 0 {
+		return nil
+	}
 	fd, err := openControlFile(l.path, syscall.O_RDONLY, ledgerRule)
 	if err != nil {
 		return fmt.Errorf("open ledger: %w", err)
 	}
-	var st syscall.Stat_t
-	if err := syscall.Fstat(fd, &st); err != nil {
+	var fst syscall.Stat_t
+	if err := syscall.Fstat(fd, &fst); err != nil || fst.Dev != l.dev || fst.Ino != l.ino {
 		syscall.Close(fd)
-		return fmt.Errorf("open ledger: %w", err)
+		return fmt.Errorf("open ledger %s: %w: replaced while opened", l.path, ErrBadFile)
 	}
-	l.fd, l.dev, l.ino = fd, st.Dev, st.Ino
+	l.fd = fd
 	return nil
 }
 
@@ -53,15 +83,11 @@ func (l *Ledger) Read(buf []byte) (*UsageSnapshot, error) {
 		return nil, fmt.Errorf("read ledger: buffer of %d bytes, want %d", len(buf), UsageSize)
 	}
 	var st syscall.Stat_t
-	if err := syscall.Lstat(l.path, &st); err != nil {
-		return nil, fmt.Errorf("read ledger: %w", &os.PathError{Op: "lstat", Path: l.path, Err: err})
+	if err := l.stat(&st); err != nil {
+		return nil, err
 	}
-	if l.fd < 0 || st.Dev != l.dev || st.Ino != l.ino {
-		if err := l.reopen(); err != nil {
-			return nil, err
-		}
-	} else if err := ledgerRule.check(&st); err != nil {
-		return nil, fmt.Errorf("read ledger %s: %w", l.path, err)
+	if err := l.reopen(&st); err != nil {
+		return nil, err
 	}
 	n, err := syscall.Pread(l.fd, buf[:UsageSize], 0)
 	if err != nil {
@@ -74,6 +100,7 @@ func (l *Ledger) Read(buf []byte) (*UsageSnapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("read ledger %s: %w", l.path, err)
 	}
+	l.laidOut = true
 	return s, nil
 }
 

@@ -150,11 +150,10 @@ func parseUsage(u *Usage) (*UsageSnapshot, error) {
 // UsageFile is a read-only mapping of a container's ledger, for the
 // scheduler's hot path (tickets taken, read every tick). The container can
 // truncate the file under the mapping: every read is guarded, and a fault
-// reads as zero and is remembered (Err) instead of killing the agent with
-// SIGBUS.
+// reads as zero (Snapshot: ErrLedgerShrank) instead of killing the agent
+// with SIGBUS.
 type UsageFile struct {
-	mem     []byte
-	faulted atomic.Bool
+	mem []byte
 }
 
 // ErrLedgerShrank says a mapped ledger was truncated under the agent.
@@ -186,7 +185,7 @@ func (f *UsageFile) Snapshot() (*UsageSnapshot, error) {
 
 func (f *UsageFile) copyTo(u *Usage) (ok bool) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer f.recoverFault()
+	defer recoverFault()
 	copy(usageBytes(u), f.mem)
 	return true
 }
@@ -210,34 +209,23 @@ func counter(field uintptr, dev int) uintptr {
 	return field + 8*uintptr(dev)
 }
 
-// Err is ErrLedgerShrank once a read faulted: the ledger is broken for good.
-func (f *UsageFile) Err() error {
-	if f.faulted.Load() {
-		return ErrLedgerShrank
-	}
-	return nil
-}
-
 // load reads the word at off. The address is made here, from the slice
 // (no access to the mapping before the guard is on: a field address would
 // touch it in a nil check).
 func (f *UsageFile) load(off uintptr) uint64 {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer f.recoverFault()
+	defer recoverFault()
 	return atomic.LoadUint64((*uint64)(unsafe.Pointer(&f.mem[off])))
 }
 
-// recoverFault turns a memory fault (the panic SetPanicOnFault makes of
-// it) into Err; any other panic goes on.
-func (f *UsageFile) recoverFault() {
-	r := recover()
-	if r == nil {
-		return
+// recoverFault ends a memory fault (the panic SetPanicOnFault makes of
+// it), leaving the reader's results zero; any other panic goes on.
+func recoverFault() {
+	if r := recover(); r != nil {
+		if _, fault := r.(interface{ Addr() uintptr }); !fault {
+			panic(r)
+		}
 	}
-	if _, fault := r.(interface{ Addr() uintptr }); !fault {
-		panic(r)
-	}
-	f.faulted.Store(true)
 }
 
 // Close unmaps the ledger.
