@@ -92,19 +92,9 @@ func TestAttackHostileLedgers(t *testing.T) {
 			good := startEnforced(t, m, agent, "good")
 			bad := tc.plant(t, m, agent)
 
-			simtest.Eventually(t, 20*time.Second, func() error {
-				resp, err := containersWithin(agent, scrapeBound)
-				if err != nil {
-					return err
-				}
-				if !listsBadLedger(resp, bad) {
-					return fmt.Errorf("bad ledger %s not reported: %+v", bad, resp.BadLedgers)
-				}
-				return listsMemory(resp, good, 1<<30)
-			})
-			// Long enough for several discovery rounds and scheduler
-			// ticks over the bad ledger.
-			for range 5 {
+			// Several discovery rounds and scheduler ticks over the bad
+			// ledger, every scrape answered in time.
+			for range 10 {
 				if _, err := getWithin(agent, "/metrics", scrapeBound); err != nil {
 					t.Fatalf("/metrics under attack: %v", err)
 				}
@@ -112,6 +102,16 @@ func TestAttackHostileLedgers(t *testing.T) {
 			}
 			if rss := agentRSS(t, agent); rss > rssBound {
 				t.Errorf("agent RSS %d MiB under attack, bound %d MiB", rss>>20, rssBound>>20)
+			}
+			simtest.Eventually(t, 10*time.Second, func() error {
+				resp, err := containersWithin(agent, scrapeBound)
+				if err != nil {
+					return err
+				}
+				return listsMemory(resp, good, 1<<30)
+			})
+			if err := waitBadLedger(agent, bad, 20*time.Second); err != nil {
+				t.Error(err)
 			}
 			if b, err := getWithin(agent, "/healthz", scrapeBound); err != nil || strings.TrimSpace(string(b)) != "ok" {
 				t.Errorf("/healthz: %q %v", b, err)
@@ -145,13 +145,21 @@ func containersWithin(agent *simtest.Agent, bound time.Duration) (collector.Cont
 	return resp, err
 }
 
-func listsBadLedger(resp collector.ContainersResponse, dir string) bool {
-	for _, b := range resp.BadLedgers {
-		if b.Dir == dir {
-			return true
+// waitBadLedger waits for the API to name dir's ledger as bad.
+func waitBadLedger(agent *simtest.Agent, dir string, within time.Duration) error {
+	var resp collector.ContainersResponse
+	var err error
+	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
+		if resp, err = containersWithin(agent, scrapeBound); err != nil {
+			continue
+		}
+		for _, b := range resp.BadLedgers {
+			if b.Dir == dir {
+				return nil
+			}
 		}
 	}
-	return false
+	return fmt.Errorf("bad ledger %s not reported within %v (%v): %+v", dir, within, err, resp.BadLedgers)
 }
 
 func listsMemory(resp collector.ContainersResponse, cg *simtest.Cgroup, want uint64) error {
