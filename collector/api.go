@@ -12,6 +12,7 @@ type ContainersResponse struct {
 	Time       time.Time         `json:"time"`
 	Containers []ContainerDevice `json:"containers"`
 	Sources    []SourceState     `json:"sources"`
+	BadLedgers []BadLedger       `json:"badLedgers,omitempty"`
 }
 
 // DevicesResponse is GET /api/v1/devices.
@@ -25,7 +26,8 @@ type DevicesResponse struct {
 func (c *Collector) RegisterAPI(mux *http.ServeMux) {
 	mux.HandleFunc("GET /api/v1/containers", func(w http.ResponseWriter, r *http.Request) {
 		v := c.View(r.Context())
-		writeJSON(w, ContainersResponse{Node: v.Node, Time: v.Time, Containers: nonNil(v.Containers), Sources: v.Sources})
+		writeJSON(w, ContainersResponse{Node: v.Node, Time: v.Time, Containers: nonNil(v.Containers), Sources: v.Sources,
+			BadLedgers: v.BadLedgers})
 	})
 	mux.HandleFunc("GET /api/v1/devices", func(w http.ResponseWriter, r *http.Request) {
 		v := c.View(r.Context())

@@ -73,8 +73,26 @@ func (c *Collector) View(ctx context.Context) *View {
 		return c.last
 	}
 	v := c.build(ctx)
+	v.BadLedgers = c.ledgers.badList()
+	c.logBadLedgers(v.BadLedgers)
 	c.last = v
 	return v
+}
+
+// logBadLedgers logs each refused ledger once, when it goes bad or its
+// fault changes, not on every view.
+func (c *Collector) logBadLedgers(bad []BadLedger) {
+	before := map[BadLedger]bool{}
+	if c.last != nil {
+		for _, b := range c.last.BadLedgers {
+			before[b] = true
+		}
+	}
+	for _, b := range bad {
+		if !before[b] {
+			c.log.Warn("ledger refused: the container's control block is broken", "dir", b.Dir, "err", b.Error)
+		}
+	}
 }
 
 func goVersion() string { return runtime.Version() }

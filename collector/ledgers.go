@@ -1,8 +1,9 @@
 package collector
 
 import (
-	"fmt"
-	"os"
+	"errors"
+	"io/fs"
+	"sort"
 	"syscall"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
@@ -11,22 +12,25 @@ import (
 // ledgerFiles keeps every container's ledger open (and its limits mapped)
 // between scrapes: opening a thousand files per scrape costs more than the
 // rest of the scrape together. Ledgers are read into one reused buffer, not
-// mapped, so the agent's memory does not grow with them. A limits file
-// replaced (another inode) is remapped; a directory gone is dropped.
+// mapped, so the agent's memory does not grow with them and a ledger that
+// shrinks cannot fault it (controlblock.Ledger). A limits file replaced
+// (another inode) is remapped; a directory gone is dropped. A ledger that
+// cannot be read is kept in bad, for the view, until it reads again.
 type ledgerFiles struct {
 	open map[string]*openLedger // by directory name
+	bad  map[string]string      // by directory name: why its ledger was not read
 	buf  []byte
 }
 
 type openLedger struct {
-	usage     *os.File
+	usage     *controlblock.Ledger
 	limits    *controlblock.LimitsFile
 	limitsIno uint64
 }
 
 func inode(path string) (uint64, bool) {
 	var st syscall.Stat_t
-	if syscall.Stat(path, &st) != nil {
+	if syscall.Lstat(path, &st) != nil {
 		return 0, false
 	}
 	return st.Ino, true
@@ -34,6 +38,12 @@ func inode(path string) (uint64, bool) {
 
 // read returns a snapshot of dir's ledger, opening it on first use.
 func (f *ledgerFiles) read(controlDir, dir string) (*ledger, error) {
+	l, err := f.readUsage(controlDir, dir)
+	f.noteBad(dir, err)
+	return l, err
+}
+
+func (f *ledgerFiles) readUsage(controlDir, dir string) (*ledger, error) {
 	if f.open == nil {
 		f.open = map[string]*openLedger{}
 	}
@@ -43,23 +53,19 @@ func (f *ledgerFiles) read(controlDir, dir string) (*ledger, error) {
 		f.open[dir] = m
 	}
 	if m.usage == nil {
-		file, err := os.Open(controlblock.UsagePath(controlDir, dir))
+		u, err := controlblock.OpenLedger(controlblock.UsagePath(controlDir, dir))
 		if err != nil {
 			f.drop(dir)
 			return nil, err
 		}
-		m.usage = file
+		m.usage = u
 	}
 	if f.buf == nil {
 		f.buf = make([]byte, controlblock.UsageSize)
 	}
-	if n, err := m.usage.ReadAt(f.buf, 0); n < len(f.buf) {
-		f.drop(dir)
-		return nil, fmt.Errorf("read ledger %s: %d bytes: %v", dir, n, err)
-	}
-	snap, err := controlblock.ParseUsage(f.buf)
+	snap, err := m.usage.Read(f.buf)
 	if err != nil {
-		return nil, fmt.Errorf("usage: %w", err)
+		return nil, err // kept open: it knows whether its file held a ledger before
 	}
 	l := &ledger{dir: dir, usage: snap}
 	lp := controlblock.LimitsPath(controlDir, dir)
@@ -87,6 +93,33 @@ func (f *ledgerFiles) keep(seen map[string]bool) {
 			f.drop(dir)
 		}
 	}
+	for dir := range f.bad {
+		if !seen[dir] {
+			delete(f.bad, dir)
+		}
+	}
+}
+
+// noteBad records why dir's ledger was not read (err nil: it was).
+func (f *ledgerFiles) noteBad(dir string, err error) {
+	if err == nil || errors.Is(err, fs.ErrNotExist) || errors.Is(err, controlblock.ErrNotLaidOut) { // no ledger yet: nothing wrong
+		delete(f.bad, dir)
+		return
+	}
+	if f.bad == nil {
+		f.bad = map[string]string{}
+	}
+	f.bad[dir] = err.Error()
+}
+
+// badList is every ledger that could not be read, by directory.
+func (f *ledgerFiles) badList() []BadLedger {
+	out := make([]BadLedger, 0, len(f.bad))
+	for dir, msg := range f.bad {
+		out = append(out, BadLedger{Dir: dir, Error: msg})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Dir < out[j].Dir })
+	return out
 }
 
 func (f *ledgerFiles) drop(dir string) {

@@ -57,6 +57,14 @@ type SourceState struct {
 	Error string `json:"error,omitempty"`
 }
 
+// BadLedger is a control directory whose ledger the agent refused: not a
+// regular file of the ABI's size (a symlink, a FIFO, a device, truncated),
+// or not a ledger. Its container wrote it: the fault is the container's.
+type BadLedger struct {
+	Dir   string `json:"dir"`
+	Error string `json:"error"`
+}
+
 // View is everything the agent knows at one moment.
 type View struct {
 	Node       string            `json:"node"`
@@ -64,6 +72,7 @@ type View struct {
 	Devices    []Device          `json:"devices"`
 	Containers []ContainerDevice `json:"containers"`
 	Sources    []SourceState     `json:"sources"`
+	BadLedgers []BadLedger       `json:"badLedgers,omitempty"`
 
 	probeEvents, probeLost uint64
 	probesOn               bool

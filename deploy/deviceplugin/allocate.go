@@ -56,12 +56,11 @@ func (p *Plugin) allocate(kind allocation.Kind, ids []string) (*pluginapi.Contai
 // (the memory limit for ordinal 0, the container's only GPU) and a new,
 // empty usage file that the container's first process lays out. Both are
 // new inodes (written aside and renamed in), so a container that held the
-// same devices before keeps its own mappings untouched.
+// same devices before keeps its own mappings untouched. The directory is
+// the agent's, mode 0755 (CreateLimits adopts it, whoever made it): only
+// `usage` (0666) is the container's to write.
 func (p *Plugin) writeControlBlock(g allocation.Grant) (string, error) {
 	dir := filepath.Join(p.cfg.ControlDir, g.Dir)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", fmt.Errorf("control block: %w", err)
-	}
 	var cfg controlblock.LimitsConfig
 	cfg.MemLimit[0] = g.MemoryLimitBytes
 	cfg.NDev = 1

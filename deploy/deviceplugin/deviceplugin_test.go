@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -264,6 +265,33 @@ func TestAllocate(t *testing.T) {
 		checkLimits(t, filepath.Join(dir, "limits"), 3<<30)
 		if st, err := os.Stat(filepath.Join(dir, "usage")); err != nil || st.Size() != 0 || st.Mode().Perm() != 0o666 {
 			t.Errorf("usage: %v %v (want empty, 0666: the container's first process lays it out)", st, err)
+		}
+	})
+
+	// A directory of the same name left by someone else (another user's,
+	// writable by all) is taken back: the agent's, 0755.
+	t.Run("directory taken back", func(t *testing.T) {
+		simtest.RequirePrivileged(t, "chown")
+		ids := []string{uuid1 + "::mem-5"}
+		dir := filepath.Join(r.cfg.ControlDir, allocation.DirName(ids))
+		if err := os.MkdirAll(dir, 0o777); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chmod(dir, 0o777); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(dir, 65534, 65534); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := memc.Allocate(ctx, allocReq(ids...)); err != nil {
+			t.Fatal(err)
+		}
+		var st syscall.Stat_t
+		if err := syscall.Lstat(dir, &st); err != nil {
+			t.Fatal(err)
+		}
+		if int(st.Uid) != os.Geteuid() || st.Mode&0o7777 != 0o755 {
+			t.Errorf("control directory: uid %d mode %#o, want uid %d mode 0755", st.Uid, st.Mode&0o7777, os.Geteuid())
 		}
 	})
 

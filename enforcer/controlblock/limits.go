@@ -1,6 +1,7 @@
 package controlblock
 
 import (
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"os"
@@ -30,11 +31,24 @@ type LimitsFile struct {
 	mu   sync.Mutex
 }
 
-// CreateLimits writes a new limits file atomically (a temporary file renamed
-// into place, so the interposer never maps a half-written one) and maps it.
-// Later changes go through Update, in place.
+// limitsRule: limits are the agent's alone (it maps them read-write): a
+// file of another owner, linked elsewhere or writable by others is not one
+// the agent wrote, and is never mapped.
+var limitsRule = fileRule{size: int64(LimitsSize), agentOwned: true}
+
+// ErrNotLimits says a file is not gpuwarden limits of this ABI.
+var ErrNotLimits = errors.New("not gpuwarden ABI 1 limits")
+
+// CreateLimits writes a new limits file and maps it. It adopts the
+// directory first (AdoptDir), then writes the file aside (mode 0644,
+// no link followed) and renames it into place, so the interposer never maps
+// a half-written one. Later changes go through Update, in place.
 func CreateLimits(path string, cfg LimitsConfig) (*LimitsFile, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(filepath.Dir(dir), 0o755); err != nil {
+		return nil, fmt.Errorf("create limits: %w", err)
+	}
+	if err := AdoptDir(dir); err != nil {
 		return nil, fmt.Errorf("create limits: %w", err)
 	}
 	var l Limits
@@ -42,51 +56,79 @@ func CreateLimits(path string, cfg LimitsConfig) (*LimitsFile, error) {
 	l.Generation = 1
 	l.MemLimit, l.GateMask, l.ContextReserve, l.GraceNs, l.NDev = cfg.MemLimit, cfg.GateMask, cfg.ContextReserve, cfg.GraceNs, cfg.NDev
 	l.HeartbeatNs = MonotonicNs()
-	b := unsafe.Slice((*byte)(unsafe.Pointer(&l)), LimitsSize)
-	tmp, err := os.CreateTemp(filepath.Dir(path), ".limits-*")
-	if err != nil {
+	if err := replaceInDir(dir, filepath.Base(path), unsafe.Slice((*byte)(unsafe.Pointer(&l)), LimitsSize), 0o644); err != nil {
 		return nil, fmt.Errorf("create limits: %w", err)
-	}
-	defer os.Remove(tmp.Name())
-	if _, err := tmp.Write(b); err != nil {
-		tmp.Close()
-		return nil, fmt.Errorf("write limits: %w", err)
-	}
-	if err := tmp.Chmod(0o644); err != nil {
-		tmp.Close()
-		return nil, fmt.Errorf("write limits: %w", err)
-	}
-	if err := tmp.Close(); err != nil {
-		return nil, fmt.Errorf("write limits: %w", err)
-	}
-	if err := os.Rename(tmp.Name(), path); err != nil {
-		return nil, fmt.Errorf("install limits: %w", err)
 	}
 	return OpenLimits(path)
 }
 
-// OpenLimits maps an existing limits file read-write and checks its header.
+// AdoptLimits puts a container's limits under the agent: it adopts the
+// directory (AdoptDir) and maps the limits there, replacing, with a new
+// file made from cfg, a missing file or one the agent did not write (a
+// container's own, or garbage).
+func AdoptLimits(path string, cfg LimitsConfig) (*LimitsFile, error) {
+	if err := AdoptDir(filepath.Dir(path)); err != nil {
+		return nil, fmt.Errorf("adopt limits: %w", err)
+	}
+	lf, err := OpenLimits(path)
+	if errors.Is(err, os.ErrNotExist) || errors.Is(err, ErrBadFile) || errors.Is(err, ErrNotLimits) {
+		return CreateLimits(path, cfg)
+	}
+	return lf, err
+}
+
+// replaceInDir writes b to a new file in dir and renames it over name. The
+// directory is opened once without following a link, and both steps are
+// made relative to it.
+func replaceInDir(dir, name string, b []byte, mode uint32) error {
+	dfd, err := syscall.Open(dir, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return &os.PathError{Op: "open", Path: dir, Err: err}
+	}
+	defer syscall.Close(dfd)
+	var rnd [8]byte
+	if _, err := rand.Read(rnd[:]); err != nil {
+		return err
+	}
+	tmp := fmt.Sprintf(".%s-%x", name, rnd)
+	fd, err := syscall.Openat(dfd, tmp, syscall.O_WRONLY|syscall.O_CREAT|syscall.O_EXCL|syscall.O_NOFOLLOW|syscall.O_CLOEXEC, mode)
+	if err != nil {
+		return &os.PathError{Op: "create", Path: filepath.Join(dir, tmp), Err: err}
+	}
+	f := os.NewFile(uintptr(fd), filepath.Join(dir, tmp))
+	_, werr := f.Write(b)
+	if werr == nil {
+		werr = f.Chmod(os.FileMode(mode)) // not the umask's mode
+	}
+	if err := f.Close(); werr == nil {
+		werr = err
+	}
+	if werr == nil {
+		werr = syscall.Renameat(dfd, tmp, dfd, name)
+	}
+	if werr != nil {
+		_ = syscall.Unlinkat(dfd, tmp)
+		return fmt.Errorf("write %s: %w", filepath.Join(dir, name), werr)
+	}
+	return nil
+}
+
+// OpenLimits maps an existing limits file read-write, opened as a control
+// file the agent wrote (openControlFile), and checks its header.
 func OpenLimits(path string) (*LimitsFile, error) {
-	f, err := os.OpenFile(path, os.O_RDWR, 0)
+	fd, err := openControlFile(path, syscall.O_RDWR, limitsRule)
 	if err != nil {
 		return nil, fmt.Errorf("open limits: %w", err)
 	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("open limits: %w", err)
-	}
-	if st.Size() < int64(LimitsSize) {
-		return nil, fmt.Errorf("limits %s: %d bytes, want at least %d", path, st.Size(), LimitsSize)
-	}
-	mem, err := syscall.Mmap(int(f.Fd()), 0, LimitsSize, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
+	defer syscall.Close(fd)
+	mem, err := syscall.Mmap(fd, 0, LimitsSize, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Errorf("map limits %s: %w", path, err)
 	}
 	l := (*Limits)(unsafe.Pointer(&mem[0]))
 	if l.Magic != LimitsMagic || l.ABIMajor != ABIMajor || l.Size < uint32(LimitsSize) {
 		syscall.Munmap(mem)
-		return nil, fmt.Errorf("limits %s: not gpuwarden ABI %d limits", path, ABIMajor)
+		return nil, fmt.Errorf("limits %s: %w", path, ErrNotLimits)
 	}
 	return &LimitsFile{path: path, mem: mem, l: l}, nil
 }

@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"os"
+	"runtime/debug"
 	"sync/atomic"
 	"syscall"
 	"unicode/utf8"
@@ -56,7 +56,14 @@ func ParseUsage(b []byte) (*UsageSnapshot, error) {
 		return nil, fmt.Errorf("%w: %d bytes, want %d", ErrNotLedger, len(b), UsageSize)
 	}
 	var u Usage
-	copy(unsafe.Slice((*byte)(unsafe.Pointer(&u)), UsageSize), b)
+	copy(usageBytes(&u), b)
+	return parseUsage(&u)
+}
+
+func usageBytes(u *Usage) []byte { return unsafe.Slice((*byte)(unsafe.Pointer(u)), UsageSize) }
+
+// parseUsage validates a copy of a ledger.
+func parseUsage(u *Usage) (*UsageSnapshot, error) {
 	switch {
 	case u.Magic != UsageMagic:
 		return nil, fmt.Errorf("%w: bad magic %#x", ErrNotLedger, u.Magic)
@@ -140,42 +147,86 @@ func ParseUsage(b []byte) (*UsageSnapshot, error) {
 	return s, nil
 }
 
-// UsageFile is a read-only mapping of a container's ledger.
+// UsageFile is a read-only mapping of a container's ledger, for the
+// scheduler's hot path (tickets taken, read every tick). The container can
+// truncate the file under the mapping: every read is guarded, and a fault
+// reads as zero (Snapshot: ErrLedgerShrank) instead of killing the agent
+// with SIGBUS.
 type UsageFile struct {
 	mem []byte
-	u   *Usage
 }
 
-// OpenUsage maps a ledger read-only; its header is checked by Snapshot.
+// ErrLedgerShrank says a mapped ledger was truncated under the agent.
+var ErrLedgerShrank = errors.New("ledger shrank under its mapping")
+
+// OpenUsage maps a ledger read-only, opened as hostile input
+// (openControlFile); its header is checked by Snapshot.
 func OpenUsage(path string) (*UsageFile, error) {
-	f, err := os.Open(path)
+	fd, err := openControlFile(path, syscall.O_RDONLY, ledgerRule)
 	if err != nil {
 		return nil, fmt.Errorf("open ledger: %w", err)
 	}
-	defer f.Close()
-	st, err := f.Stat()
-	if err != nil {
-		return nil, fmt.Errorf("open ledger: %w", err)
-	}
-	if st.Size() != int64(UsageSize) {
-		return nil, fmt.Errorf("ledger %s: %w: %d bytes", path, ErrNotLedger, st.Size())
-	}
-	mem, err := syscall.Mmap(int(f.Fd()), 0, UsageSize, syscall.PROT_READ, syscall.MAP_SHARED)
+	defer syscall.Close(fd)
+	mem, err := syscall.Mmap(fd, 0, UsageSize, syscall.PROT_READ, syscall.MAP_SHARED)
 	if err != nil {
 		return nil, fmt.Errorf("map ledger %s: %w", path, err)
 	}
-	return &UsageFile{mem: mem, u: (*Usage)(unsafe.Pointer(&mem[0]))}, nil
+	return &UsageFile{mem: mem}, nil
 }
 
 // Snapshot copies and validates the ledger as it is now.
-func (f *UsageFile) Snapshot() (*UsageSnapshot, error) { return ParseUsage(f.mem) }
+func (f *UsageFile) Snapshot() (*UsageSnapshot, error) {
+	var u Usage
+	if !f.copyTo(&u) {
+		return nil, ErrLedgerShrank
+	}
+	return parseUsage(&u)
+}
+
+func (f *UsageFile) copyTo(u *Usage) (ok bool) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer recoverFault()
+	copy(usageBytes(u), f.mem)
+	return true
+}
 
 // Reserved reads device dev's container-wide reserved bytes (unvalidated).
-func (f *UsageFile) Reserved(dev int) uint64 { return atomic.LoadUint64(&f.u.ReservedBytes[dev]) }
+func (f *UsageFile) Reserved(dev int) uint64 {
+	return f.load(counter(unsafe.Offsetof(Usage{}.ReservedBytes), dev))
+}
 
 // Issued reads device dev's gate tickets taken (unvalidated), which the
 // agent adds its budget to when it raises the grant.
-func (f *UsageFile) Issued(dev int) uint64 { return atomic.LoadUint64(&f.u.LaunchesIssued[dev]) }
+func (f *UsageFile) Issued(dev int) uint64 {
+	return f.load(counter(unsafe.Offsetof(Usage{}.LaunchesIssued), dev))
+}
+
+// counter is the offset of device dev's word of a per-device field.
+func counter(field uintptr, dev int) uintptr {
+	if uint(dev) >= MaxDevices {
+		panic(fmt.Sprintf("controlblock: no device %d", dev))
+	}
+	return field + 8*uintptr(dev)
+}
+
+// load reads the word at off. The address is made here, from the slice
+// (no access to the mapping before the guard is on: a field address would
+// touch it in a nil check).
+func (f *UsageFile) load(off uintptr) uint64 {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer recoverFault()
+	return atomic.LoadUint64((*uint64)(unsafe.Pointer(&f.mem[off])))
+}
+
+// recoverFault ends a memory fault (the panic SetPanicOnFault makes of
+// it), leaving the reader's results zero; any other panic goes on.
+func recoverFault() {
+	if r := recover(); r != nil {
+		if _, fault := r.(interface{ Addr() uintptr }); !fault {
+			panic(r)
+		}
+	}
+}
 
 // Close unmaps the ledger.
 func (f *UsageFile) Close() error {
@@ -183,6 +234,6 @@ func (f *UsageFile) Close() error {
 		return nil
 	}
 	err := syscall.Munmap(f.mem)
-	f.mem, f.u = nil, nil
+	f.mem = nil
 	return err
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/collector/kubelet"
 	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
 	"github.com/gpuwarden/gpuwarden/deploy/deviceplugin"
+	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 )
 
 // Agent is one running node agent.
@@ -81,6 +82,12 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 	}
 	a.coll = collector.New(node, version, src, log)
 	a.startProfiling(node)
+	if cfg.DevicePlugin.Enabled || cfg.Enforcement.Enabled {
+		// Before any container directory is adopted or made in it.
+		if err := controlblock.PrepareControlDir(cfg.ControlDir); err != nil {
+			log.Error("control directory not prepared", "err", err)
+		}
+	}
 	if cfg.DevicePlugin.Enabled {
 		a.startDevicePlugin(ctx)
 	}

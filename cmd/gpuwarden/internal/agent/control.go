@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -14,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/enforcer/policy"
@@ -119,6 +121,9 @@ func (e *enforcement) register(mux *http.ServeMux, token string) {
 	mux.HandleFunc("GET /api/v1/events", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, e.bypass.list()) })
 }
 
+// maxChangeBody bounds a change's body: a change is a few fields.
+const maxChangeBody = 64 << 10
+
 // makeToken writes a fresh random token to path (mode 0600) and returns it.
 func makeToken(path string) (string, error) {
 	b := make([]byte, 32)
@@ -129,10 +134,86 @@ func makeToken(path string) (string, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return "", fmt.Errorf("api token: %w", err)
 	}
-	if err := os.WriteFile(path, []byte(tok+"\n"), 0o600); err != nil {
+	if err := writePrivate(path, []byte(tok+"\n")); err != nil {
 		return "", fmt.Errorf("api token: %w", err)
 	}
 	return tok, nil
+}
+
+// writePrivate writes b to path, readable by the agent's user alone: never
+// through a symlink (which could lead anywhere), never into a file of
+// another user (who may hold it open), and with the mode made 0600 before
+// b is written, whatever the file's mode was.
+func writePrivate(path string, b []byte) error {
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0o600)
+	if errors.Is(err, syscall.ELOOP) {
+		return fmt.Errorf("%s is a symlink: refused", path)
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	var st syscall.Stat_t
+	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
+		return fmt.Errorf("stat %s: %w", path, err)
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return fmt.Errorf("%s is not a regular file: refused", path)
+	}
+	if int(st.Uid) != os.Geteuid() {
+		return fmt.Errorf("%s belongs to uid %d: refused", path, st.Uid)
+	}
+	if err := f.Chmod(0o600); err != nil {
+		return err
+	}
+	if err := f.Truncate(0); err != nil {
+		return err
+	}
+	if _, err := f.Write(b); err != nil {
+		return err
+	}
+	return f.Close()
+}
+
+// decodeChange reads a change's JSON body, bounded: a body over
+// maxChangeBody is refused (413) unread. Errors name what is wrong without
+// repeating the request's text.
+func decodeChange(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxChangeBody))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &tooBig):
+		httpError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("bad request: body over %d bytes", maxChangeBody))
+	case err != nil:
+		httpError(w, http.StatusBadRequest, "bad request: "+jsonProblem(err))
+	}
+	return err == nil
+}
+
+// jsonProblem says what is wrong with a body, naming a field at most.
+func jsonProblem(err error) string {
+	var typ *json.UnmarshalTypeError
+	var syn *json.SyntaxError
+	switch {
+	case errors.As(err, &typ):
+		return fmt.Sprintf("field %s: want a JSON %s", bounded(typ.Field), typ.Type.Kind())
+	case errors.As(err, &syn):
+		return fmt.Sprintf("not JSON (at byte %d)", syn.Offset)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		return "unknown field " + bounded(strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`))
+	}
+	return "not a JSON object of the change's fields"
+}
+
+// bounded quotes a name taken from a request, cut to 64 bytes.
+func bounded(s string) string {
+	const most = 64
+	if len(s) <= most {
+		return strconv.Quote(s)
+	}
+	return strconv.Quote(strings.ToValidUTF8(s[:most], "")) + "..."
 }
 
 func httpError(w http.ResponseWriter, code int, msg string) {
@@ -169,7 +250,7 @@ func (e *enforcement) find(name string) (*member, error) {
 			}
 		}
 	}
-	return nil, fmt.Errorf("no container %q runs under the enforcer (name it by control-block directory, cgroup path or namespace/pod/container)", name)
+	return nil, fmt.Errorf("no container %s runs under the enforcer (name it by control-block directory, cgroup path or namespace/pod/container)", bounded(name))
 }
 
 func (e *enforcement) changeContainer(w http.ResponseWriter, r *http.Request) {
@@ -186,10 +267,7 @@ func (e *enforcement) changeContainer(w http.ResponseWriter, r *http.Request) {
 	switch action {
 	case "settings":
 		var ch ContainerChange
-		dec := json.NewDecoder(r.Body)
-		dec.DisallowUnknownFields()
-		if err := dec.Decode(&ch); err != nil {
-			httpError(w, http.StatusBadRequest, "bad request: "+err.Error())
+		if !decodeChange(w, r, &ch) {
 			return
 		}
 		res, err := e.apply(m, ch)
@@ -199,7 +277,7 @@ func (e *enforcement) changeContainer(w http.ResponseWriter, r *http.Request) {
 		}
 		writeJSON(w, res)
 	default:
-		httpError(w, http.StatusNotFound, "unknown action "+strconv.Quote(action)+": want settings or unfreeze")
+		httpError(w, http.StatusNotFound, "unknown action "+bounded(action)+": want settings or unfreeze")
 	}
 }
 
@@ -210,7 +288,7 @@ func (e *enforcement) unfreeze(w http.ResponseWriter, path string) {
 	frozen := e.bypass.frozen[path]
 	e.bypass.mu.Unlock()
 	if !frozen {
-		httpError(w, http.StatusNotFound, fmt.Sprintf("the agent froze no cgroup %q (see gpuwarden ctl events)", path))
+		httpError(w, http.StatusNotFound, fmt.Sprintf("the agent froze no cgroup %s (see gpuwarden ctl events)", bounded(path)))
 		return
 	}
 	if err := e.freeze(path, false); err != nil {
@@ -252,7 +330,7 @@ func (e *enforcement) apply(m *member, ch ContainerChange) (ChangeResult, error)
 		case "normal":
 			next.High = false
 		default:
-			return res, fmt.Errorf("priority %q: want high or normal", *ch.Priority)
+			return res, errors.New("priority: want high or normal")
 		}
 	}
 	if err := (policy.Container{Weight: next.Weight, CapPercent: next.CapPercent}).Validate(); err != nil {
@@ -262,7 +340,7 @@ func (e *enforcement) apply(m *member, ch ContainerChange) (ChangeResult, error)
 	if ch.MemoryLimit != nil {
 		var ok bool
 		if mem, ok = controlblock.ParseMemoryList(*ch.MemoryLimit); !ok {
-			return res, fmt.Errorf("memoryLimit %q: want a size list such as 6Gi or 3Gi,4Gi (0: none)", *ch.MemoryLimit)
+			return res, errors.New("memoryLimit: want a size list such as 6Gi or 3Gi,4Gi (0: none)")
 		}
 		for _, d := range m.devices {
 			if held := m.usage.Reserved(d); mem[d] > 0 && held > mem[d] {
@@ -307,7 +385,7 @@ func (e *enforcement) current(dir string) scheduler.Settings {
 func gpuIndex(w http.ResponseWriter, r *http.Request) (int, bool) {
 	dev, err := strconv.Atoi(r.PathValue("index"))
 	if err != nil || dev < 0 || dev >= controlblock.MaxDevices {
-		httpError(w, http.StatusNotFound, "no GPU "+strconv.Quote(r.PathValue("index")))
+		httpError(w, http.StatusNotFound, "no GPU "+bounded(r.PathValue("index")))
 		return 0, false
 	}
 	return dev, true
@@ -321,10 +399,7 @@ func (e *enforcement) changeGPU(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var ch GPUChange
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&ch); err != nil {
-		httpError(w, http.StatusBadRequest, "bad request: "+err.Error())
+	if !decodeChange(w, r, &ch) {
 		return
 	}
 	saved := e.settings.gpus()[dev]
@@ -332,7 +407,7 @@ func (e *enforcement) changeGPU(w http.ResponseWriter, r *http.Request) {
 	if ch.Policy != nil {
 		p, err := policy.Parse(*ch.Policy)
 		if err != nil {
-			httpError(w, http.StatusBadRequest, err.Error())
+			httpError(w, http.StatusBadRequest, "policy: want 0-5 or one of "+policyNames())
 			return
 		}
 		g.Policy, g.PolicySet = p, true
@@ -360,4 +435,13 @@ func (e *enforcement) changeGPU(w http.ResponseWriter, r *http.Request) {
 	}
 	info := gpuInfo(e.s.GPU(dev))
 	writeJSON(w, ChangeResult{InForce: e.inForce(dev), GPU: &info})
+}
+
+// policyNames lists the policies by name, for an error.
+func policyNames() string {
+	var names []string
+	for p := policy.Policy(0); p.Valid(); p++ {
+		names = append(names, p.String())
+	}
+	return strings.Join(names, ", ")
 }

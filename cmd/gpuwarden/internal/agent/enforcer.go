@@ -152,11 +152,7 @@ func (e *enforcement) track(dir string) error {
 		return nil
 	}
 	cd := e.a.cfg.ControlDir
-	b, err := os.ReadFile(controlblock.UsagePath(cd, dir))
-	if err != nil {
-		return err
-	}
-	u, err := controlblock.ParseUsage(b)
+	u, err := controlblock.ReadUsage(controlblock.UsagePath(cd, dir))
 	if err != nil {
 		return err
 	}
@@ -225,19 +221,15 @@ func (e *enforcement) unchanged(dir string) bool {
 	return n == len(m.devices)
 }
 
-// open maps a container's files, making `limits` from the quota its
-// environment claims when the agent has not made one yet.
+// open adopts a container's directory and maps its files, making `limits`
+// from the quota its environment claims when the agent has not made one.
 func (e *enforcement) open(dir string, u *controlblock.UsageSnapshot) (*member, error) {
 	cd := e.a.cfg.ControlDir
-	lp := controlblock.LimitsPath(cd, dir)
-	lf, err := controlblock.OpenLimits(lp)
-	if os.IsNotExist(unwrapAll(err)) {
-		cfg := controlblock.LimitsConfig{NDev: uint32(u.NDev)}
-		if u.ClaimMemorySet {
-			cfg.MemLimit = u.ClaimMemLimit
-		}
-		lf, err = controlblock.CreateLimits(lp, cfg)
+	cfg := controlblock.LimitsConfig{NDev: uint32(u.NDev)}
+	if u.ClaimMemorySet {
+		cfg.MemLimit = u.ClaimMemLimit
 	}
+	lf, err := controlblock.AdoptLimits(controlblock.LimitsPath(cd, dir), cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -255,16 +247,6 @@ func (e *enforcement) open(dir string, u *controlblock.UsageSnapshot) (*member, 
 		return nil, err
 	}
 	return &member{dir: dir, limits: lf, usage: uf}, nil
-}
-
-func unwrapAll(err error) error {
-	for {
-		u, ok := err.(interface{ Unwrap() error })
-		if !ok {
-			return err
-		}
-		err = u.Unwrap()
-	}
 }
 
 func (e *enforcement) dropLocked(m *member) {

@@ -1,0 +1,125 @@
+package controlblock
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"syscall"
+)
+
+// ledgerRule: a ledger is a regular file of the ABI's size, owned by the
+// container's user (the interposer or the device plugin made it).
+var ledgerRule = fileRule{size: int64(UsageSize)}
+
+// ErrNotLaidOut says a ledger is empty and never held a ledger: the device
+// plugin made it and no process of its container has run yet. It is not a
+// fault; an empty ledger that held one (truncated) is ErrBadFile.
+var ErrNotLaidOut = errors.New("ledger not laid out yet")
+
+// Ledger is a container's usage file held open for repeated reads. Every
+// read is one pread of UsageSize bytes into the caller's buffer, so a ledger
+// that shrinks, grows or turns into something else never faults, blocks or
+// grows the agent: it is an error for its container.
+type Ledger struct {
+	path     string
+	fd       int
+	dev, ino uint64
+	laidOut  bool // this inode read as a ledger once
+}
+
+// OpenLedger opens a container's ledger as hostile input (openControlFile).
+func OpenLedger(path string) (*Ledger, error) {
+	l := &Ledger{path: path, fd: -1}
+	var st syscall.Stat_t
+	if err := l.stat(&st); err != nil {
+		return nil, err
+	}
+	if err := l.reopen(&st); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+func (l *Ledger) stat(st *syscall.Stat_t) error {
+	if err := syscall.Lstat(l.path, st); err != nil {
+		return fmt.Errorf("open ledger: %w", &os.PathError{Op: "lstat", Path: l.path, Err: err})
+	}
+	if st.Dev != l.dev || st.Ino != l.ino { // another file: the device plugin's fresh one, or a swap
+		l.Close()
+		l.dev, l.ino, l.laidOut = st.Dev, st.Ino, false
+	}
+	return nil
+}
+
+// reopen opens the file st describes, when it is not open.
+func (l *Ledger) reopen(st *syscall.Stat_t) error {
+	if err := ledgerRule.check(st); errors.Is(err, ErrEmpty) && !l.laidOut {
+		return fmt.Errorf("open ledger %s: %w", l.path, ErrNotLaidOut)
+	} else if err != nil {
+		return fmt.Errorf("open ledger %s: %w", l.path, err)
+	}
+	if l.fd >= 0 {
+		return nil
+	}
+	fd, err := openControlFile(l.path, syscall.O_RDONLY, ledgerRule)
+	if err != nil {
+		return fmt.Errorf("open ledger: %w", err)
+	}
+	var fst syscall.Stat_t
+	if err := syscall.Fstat(fd, &fst); err != nil || fst.Dev != l.dev || fst.Ino != l.ino {
+		syscall.Close(fd)
+		return fmt.Errorf("open ledger %s: %w: replaced while opened", l.path, ErrBadFile)
+	}
+	l.fd = fd
+	return nil
+}
+
+// Read validates the ledger as it is now, read into buf (at least UsageSize
+// bytes, reused between reads). A ledger replaced since the last read (a new
+// inode: the device plugin's fresh file, or a container's swap) is opened
+// again under the same checks.
+func (l *Ledger) Read(buf []byte) (*UsageSnapshot, error) {
+	if len(buf) < UsageSize {
+		return nil, fmt.Errorf("read ledger: buffer of %d bytes, want %d", len(buf), UsageSize)
+	}
+	var st syscall.Stat_t
+	if err := l.stat(&st); err != nil {
+		return nil, err
+	}
+	if err := l.reopen(&st); err != nil {
+		return nil, err
+	}
+	n, err := syscall.Pread(l.fd, buf[:UsageSize], 0)
+	if err != nil {
+		return nil, fmt.Errorf("read ledger %s: %w", l.path, err)
+	}
+	if n != UsageSize {
+		return nil, fmt.Errorf("read ledger %s: %w: %d bytes read, want %d", l.path, ErrBadFile, n, UsageSize)
+	}
+	s, err := ParseUsage(buf[:UsageSize])
+	if err != nil {
+		return nil, fmt.Errorf("read ledger %s: %w", l.path, err)
+	}
+	l.laidOut = true
+	return s, nil
+}
+
+// Close closes the ledger; it may be read again (it reopens).
+func (l *Ledger) Close() error {
+	if l.fd < 0 {
+		return nil
+	}
+	err := syscall.Close(l.fd)
+	l.fd = -1
+	return err
+}
+
+// ReadUsage reads a ledger once: open, read, close.
+func ReadUsage(path string) (*UsageSnapshot, error) {
+	l, err := OpenLedger(path)
+	if err != nil {
+		return nil, err
+	}
+	defer l.Close()
+	return l.Read(make([]byte, UsageSize))
+}
