@@ -425,3 +425,53 @@ func killAgent(t *testing.T, a *simtest.Agent) {
 	}
 	_ = a.Proc.Cmd.Wait()
 }
+
+// TestLimitsReplaced: a limits file replaced by rename (as the agent replaces
+// one it did not write) is followed by running processes within the
+// reaper's period; a replacement that fails its check keeps the last good
+// limits.
+func TestLimitsReplaced(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		first    uint64
+		replace  func(t *testing.T, path string)
+		overWant string // the 2 GiB allocation after the replacement
+	}{
+		{"lower limit", 8 * gi, func(t *testing.T, path string) {
+			var cfg controlblock.LimitsConfig
+			cfg.MemLimit[0] = gi
+			f, err := controlblock.CreateLimits(path, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { f.Close() })
+		}, "alloc CUDA_ERROR_OUT_OF_MEMORY"},
+		{"bad file", gi, func(t *testing.T, path string) {
+			tmp := path + ".new"
+			if err := os.WriteFile(tmp, make([]byte, controlblock.LimitsSize), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(tmp, path); err != nil {
+				t.Fatal(err)
+			}
+		}, "alloc CUDA_ERROR_OUT_OF_MEMORY"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b := newBox(t, 1, "16Gi")
+			var cfg controlblock.LimitsConfig
+			cfg.MemLimit[0] = c.first
+			b.agent(cfg)
+			h := b.start("init", "ctx", "0", "alloc", "512Mi", "hold", "alloc", "2Gi")
+			h.ready(t)
+			c.replace(t, b.limitsPath())
+			time.Sleep(time.Second) // the reaper looks every 250 ms
+			h.resume()
+			out, err := h.Wait()
+			if err != nil {
+				t.Fatal(err, h.Stderr())
+			}
+			r := result{lines: dropReady(out)}
+			r.expect(t, "init CUDA_SUCCESS", "ctx CUDA_SUCCESS", "alloc CUDA_SUCCESS", "hold CUDA_SUCCESS", c.overWant)
+		})
+	}
+}

@@ -27,6 +27,7 @@ static _Atomic uint64_t snap_mem[GW_MAX_DEVICES];
 static _Atomic uint64_t snap_ctx_reserve, snap_generation;
 static char limits_path[GW_CONTROL_DIR_MAX + 300];
 static _Atomic int limits_bad_logged;
+static _Atomic uint64_t limits_dev, limits_ino; /* the file gw_limits maps */
 static int usage_fd = -1;
 pthread_mutex_t gw_lim_mu = PTHREAD_MUTEX_INITIALIZER;
 
@@ -207,6 +208,8 @@ static int map_limits(char *err, size_t errlen) {
     }
     pthread_mutex_lock(&gw_lim_mu);
     adopt(&v, seq);
+    atomic_store(&limits_dev, (uint64_t)st.st_dev);
+    atomic_store(&limits_ino, (uint64_t)st.st_ino);
     atomic_store_explicit(&gw_limits, l, memory_order_release);
     pthread_mutex_unlock(&gw_lim_mu);
     return 1;
@@ -219,11 +222,24 @@ int gw_limits_open(char *err, size_t errlen) {
     return map_limits(err, errlen) < 0 ? -1 : 0;
 }
 
+/* gw_limits_poll_file maps limits once the agent writes it, and follows it
+ * when the agent replaces it: a limits file the agent did not write (one
+ * made before it adopted the directory) is replaced by rename, and every
+ * process must then read the new one. A replacement that fails its check
+ * keeps the last good limits. The old mapping is never unmapped: another
+ * thread may still be reading it (one page per replacement). */
 void gw_limits_poll_file(void) {
-    if (atomic_load(&gw_limits) || !limits_path[0]) return;
+    if (!limits_path[0]) return;
+    int mapped = atomic_load(&gw_limits) != NULL;
+    if (mapped) {
+        struct stat st;
+        if (lstat(limits_path, &st) || !S_ISREG(st.st_mode) ||
+            ((uint64_t)st.st_dev == atomic_load(&limits_dev) && (uint64_t)st.st_ino == atomic_load(&limits_ino)))
+            return;
+    }
     char err[512];
     if (map_limits(err, sizeof err) < 0 && !atomic_exchange(&limits_bad_logged, 1))
-        gw_fatal("%s; keeping the environment's limits", err);
+        gw_fatal("%s; keeping the %s limits", err, mapped ? "last good" : "environment's");
 }
 
 /* gw_limits_refresh takes a consistent copy of the agent's config (seqlock)
