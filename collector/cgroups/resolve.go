@@ -7,6 +7,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -155,6 +156,19 @@ func (r *Resolver) ID(path string) (uint64, error) {
 		return 0, fmt.Errorf("stat cgroup %s: %w", path, err)
 	}
 	return st.Ino, nil
+}
+
+// Paths walks the tree now and returns every cgroup's path ("/" first).
+func (r *Resolver) Paths() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.walkLocked()
+	out := make([]string, 0, len(r.byID))
+	for _, k := range r.byID {
+		out = append(out, k.path)
+	}
+	sort.Strings(out)
+	return out
 }
 
 func (r *Resolver) walkLocked() {

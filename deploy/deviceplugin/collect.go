@@ -111,7 +111,8 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) ([]string, error) {
 // mappedBy returns which of the directories' files a live process maps: the
 // interposer maps its usage (and limits) for the life of the process, in
 // whatever mount namespace, and /proc/<pid>/maps names the file by device
-// and inode. A process that is not readable counts as using nothing; one
+// and inode (procRoot must be of the caller's pid namespace: the host's,
+// under hostPID). A process that is not readable counts as using nothing; one
 // that lists a directory's inode counts, whatever it says its ledger holds.
 func mappedBy(procRoot, controlDir string, names []string) map[string]bool {
 	type fileID struct {
@@ -133,7 +134,9 @@ func mappedBy(procRoot, controlDir string, names []string) map[string]bool {
 	}
 	procs, _ := os.ReadDir(procRoot)
 	for _, p := range procs {
-		if _, err := strconv.Atoi(p.Name()); err != nil {
+		// The agent maps the files of every ledger it reads: its own
+		// mappings say nothing of the container's.
+		if pid, err := strconv.Atoi(p.Name()); err != nil || pid == os.Getpid() {
 			continue
 		}
 		f, err := os.Open(filepath.Join(procRoot, p.Name(), "maps"))

@@ -96,6 +96,9 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 	if cfg.Enforcement.Enabled && resolver != nil {
 		a.enf.Store(a.startEnforcement(resolver, cgroupFS, node))
 	}
+	if (cfg.DevicePlugin.Enabled || cfg.Enforcement.Enabled) && cfg.ControlDirGrace > 0 {
+		a.startSweeping(resolver)
+	}
 
 	if cfg.HTTP.Enabled {
 		if err := a.startHTTP(); err != nil {
