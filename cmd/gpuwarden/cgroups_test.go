@@ -3,7 +3,6 @@ package main
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -98,7 +97,4 @@ func TestAgentReadyzCgroupsDownOnWrongTree(t *testing.T) {
 		}
 		return nil
 	})
-	if _, err := os.Stat(wrong); err != nil {
-		t.Fatal(err)
-	}
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -35,7 +36,11 @@ type Sweeper struct {
 	// CgroupKeys returns the key of every cgroup (controlblock.ContainerKey);
 	// nil when the cgroup tree is unknown.
 	CgroupKeys func() (map[string]bool, error)
-	Collector  allocation.Collector
+	// Lock, when set, is held while directories are examined and removed:
+	// the device plugin's DirLock, so a directory Allocate is writing is
+	// seen changed, or made again after its removal, never half removed.
+	Lock      sync.Locker
+	Collector allocation.Collector
 }
 
 // ListedDirs is a Sweeper's Listed from the kubelet's pod-resources API:
@@ -74,6 +79,10 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) ([]string, error) {
 			keys, keysKnown = k, true
 		}
 		errs = append(errs, err)
+	}
+	if s.Lock != nil {
+		s.Lock.Lock()
+		defer s.Lock.Unlock()
 	}
 	entries, err := os.ReadDir(s.ControlDir)
 	if errors.Is(err, os.ErrNotExist) {

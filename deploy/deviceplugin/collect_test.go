@@ -38,7 +38,7 @@ func startSweep(t *testing.T, grace time.Duration) *sweepRig {
 	}
 	t.Cleanup(func() { pr.Close() })
 	r.sweep = &deviceplugin.Sweeper{ControlDir: r.cfg.ControlDir, ProcRoot: "/proc",
-		Listed: deviceplugin.ListedDirs(pr), Collector: allocation.Collector{Grace: grace}}
+		Listed: deviceplugin.ListedDirs(pr), Lock: r.p.DirLock(), Collector: allocation.Collector{Grace: grace}}
 	return r
 }
 

@@ -18,6 +18,9 @@ import (
 func (a *Agent) startSweeping(resolver *cgroups.Resolver) {
 	s := &deviceplugin.Sweeper{ControlDir: a.cfg.ControlDir, ProcRoot: a.cfg.Paths.Proc,
 		Collector: allocation.Collector{Grace: a.cfg.ControlDirGrace}}
+	if a.plugin != nil {
+		s.Lock = a.plugin.DirLock()
+	}
 	if a.pods != nil {
 		s.Listed = deviceplugin.ListedDirs(a.pods)
 	}
