@@ -120,7 +120,7 @@ var options = []option{
 	{"kubernetes.tokenFile", "/var/run/secrets/kubernetes.io/serviceaccount/token", "", "the service-account token for the API server"},
 	{"kubernetes.caFile", "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt", "", "the API server's CA certificate"},
 	{"paths.proc", "/proc", "", "the proc filesystem (the host's, under hostPID)"},
-	{"paths.cgroup", "", "", "the host's cgroup directory as the agent sees it: the cgroup v2 mount at it or below it (a hybrid host's unified directory), read from <paths.proc>/self/mountinfo, is the tree; empty: the agent's own cgroup v2 mount"},
+	{"paths.cgroup", "", "", "the host's cgroup directory as the agent sees it: the cgroup v2 mount at it or below it (a hybrid host's unified directory), read from the agent's mountinfo (paths.proc/self/mountinfo), is the tree; empty: the agent's own cgroup v2 mount"},
 	{"profiling.pyroscopeServer", "", "", "Pyroscope server address for continuous profiling of the agent; empty: off"},
 	{"log.level", "info", "log-level", "debug, info, warn or error"},
 	{"log.format", "text", "", "text or json"},
