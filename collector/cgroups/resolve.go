@@ -2,12 +2,12 @@ package cgroups
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"io/fs"
 	"os"
 	"path"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -17,12 +17,23 @@ import (
 // Mount returns where the cgroup v2 hierarchy is mounted, from a mountinfo
 // file (normally /proc/self/mountinfo): /sys/fs/cgroup on most machines,
 // /sys/fs/cgroup/unified on hybrid ones.
-func Mount(mountinfo string) (string, error) {
+func Mount(mountinfo string) (string, error) { return MountUnder(mountinfo, "/") }
+
+// MountUnder returns the cgroup v2 mount at dir or below it, the shallowest
+// one, from a mountinfo file. dir is where the host's cgroup filesystem
+// directory is seen: a pod that mounts the host's /sys/fs/cgroup at
+// /host/sys/fs/cgroup (recursively, as the kubelet's hostPath mounts are)
+// sees there /host/sys/fs/cgroup itself on a cgroup v2 host and
+// /host/sys/fs/cgroup/unified on a hybrid one; a cgroup2 mount outside dir
+// (the pod's own, namespaced one) is not the host's tree.
+func MountUnder(mountinfo, dir string) (string, error) {
 	f, err := os.Open(mountinfo)
 	if err != nil {
 		return "", fmt.Errorf("read mountinfo: %w", err)
 	}
 	defer f.Close()
+	dir = path.Clean("/" + dir)
+	best := ""
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -32,15 +43,48 @@ func Mount(mountinfo string) (string, error) {
 			continue
 		}
 		fields, fstype := strings.Fields(pre), strings.Fields(post)
-		if len(fields) >= 5 && len(fstype) >= 1 && fstype[0] == "cgroup2" {
-			return fields[4], nil
+		if len(fields) < 5 || len(fstype) < 1 || fstype[0] != "cgroup2" {
+			continue
+		}
+		mnt := unescapeMountinfo(fields[4])
+		if !under(mnt, dir) {
+			continue
+		}
+		if best == "" || strings.Count(mnt, "/") < strings.Count(best, "/") {
+			best = mnt
 		}
 	}
 	if err := sc.Err(); err != nil {
 		return "", fmt.Errorf("read mountinfo: %w", err)
 	}
-	return "", errors.New("no cgroup2 mount in " + mountinfo)
+	if best == "" {
+		return "", fmt.Errorf("no cgroup2 mount at or under %s in %s", dir, mountinfo)
+	}
+	return best, nil
 }
+
+func under(p, dir string) bool {
+	return dir == "/" || p == dir || strings.HasPrefix(p, dir+"/")
+}
+
+// unescapeMountinfo undoes mountinfo's octal escapes ("\040" for a space).
+func unescapeMountinfo(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+3 < len(s) && isOctal(s[i+1]) && isOctal(s[i+2]) && isOctal(s[i+3]) {
+			b.WriteByte((s[i+1]-'0')<<6 | (s[i+2]-'0')<<3 | (s[i+3] - '0'))
+			i += 3
+			continue
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+func isOctal(c byte) bool { return c >= '0' && c <= '7' }
 
 // OfProcess returns a process's cgroup v2 path ("/kubepods/..."), read from
 // <procRoot>/<pid>/cgroup.
@@ -114,6 +158,19 @@ func (r *Resolver) ID(path string) (uint64, error) {
 	return st.Ino, nil
 }
 
+// Paths walks the tree now and returns every cgroup's path ("/" first).
+func (r *Resolver) Paths() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.walkLocked()
+	out := make([]string, 0, len(r.byID))
+	for _, k := range r.byID {
+		out = append(out, k.path)
+	}
+	sort.Strings(out)
+	return out
+}
+
 func (r *Resolver) walkLocked() {
 	r.lastWalk = time.Now()
 	byID := make(map[uint64]known, len(r.byID))
@@ -170,4 +227,33 @@ func NamespaceRoot(r *Resolver, ownMountinfo string) (string, error) {
 		return "", fmt.Errorf("the cgroup at %s is not in the host tree %s", own, r.root)
 	}
 	return p, nil
+}
+
+// CheckPlaced says whether r can place the node's GPU users in its tree:
+// pids (NVML's processes, those eBPF found mapping libcuda), read through
+// procRoot, their paths relative to nsRoot. A process that is gone counts
+// for nothing; when some were reported and none is placed, the tree is the
+// wrong one (a hybrid host's v1 directory, a bad paths.cgroup) and every
+// container goes unseen, which the error says.
+func (r *Resolver) CheckPlaced(procRoot, nsRoot string, pids []int) error {
+	tried := 0
+	var first error
+	for _, pid := range pids {
+		p, err := OfProcess(procRoot, pid)
+		if err != nil {
+			continue
+		}
+		tried++
+		_, err = r.ID(HostPath(nsRoot, p))
+		if err == nil {
+			return nil
+		}
+		if first == nil {
+			first = err
+		}
+	}
+	if tried == 0 {
+		return nil
+	}
+	return fmt.Errorf("none of %d GPU processes is in the cgroup v2 tree at %s: %w", tried, r.root, first)
 }

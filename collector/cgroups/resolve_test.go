@@ -3,6 +3,7 @@ package cgroups_test
 import (
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -88,5 +89,32 @@ func TestNamespaceRootOutsideNamespace(t *testing.T) {
 	root, err := cgroups.NamespaceRoot(cgroups.NewResolver(mnt), "/proc/self/mountinfo")
 	if err != nil || root != "/" {
 		t.Errorf("NamespaceRoot = %q, %v; want /", root, err)
+	}
+}
+
+// TestCheckPlaced: a process in a test cgroup is placed in the cgroup v2
+// tree and not in the directory a hybrid host mounts its v1 controllers on.
+func TestCheckPlaced(t *testing.T) {
+	cg := simtest.NewCgroup(t, "placed")
+	mnt, err := cgroups.Mount("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := cg.Place(exec.Command("sleep", "30"))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	pids := []int{cmd.Process.Pid, 1 << 30} // the second is no process: it counts for nothing
+	if err := cgroups.NewResolver(mnt).CheckPlaced("/proc", "/", pids); err != nil {
+		t.Errorf("the cgroup v2 mount %s: %v", mnt, err)
+	}
+	if err := cgroups.NewResolver(mnt).CheckPlaced("/proc", "/", []int{1 << 30}); err != nil {
+		t.Errorf("no live process reported: %v", err)
+	}
+	wrong := t.TempDir() // no cgroup tree: as /sys/fs/cgroup on a hybrid host
+	err = cgroups.NewResolver(wrong).CheckPlaced("/proc", "/", pids)
+	if err == nil || !strings.Contains(err.Error(), "none of 1 GPU processes is in the cgroup v2 tree at "+wrong) {
+		t.Errorf("a root without the tree: %v", err)
 	}
 }

@@ -24,7 +24,9 @@ func (p *Plugin) allocate(kind allocation.Kind, ids []string) (*pluginapi.Contai
 	if _, err := os.Stat(p.cfg.InterposerPath); err != nil {
 		return nil, fmt.Errorf("interposer: %w", err)
 	}
+	p.dirs.Lock()
 	dir, err := p.writeControlBlock(g)
+	p.dirs.Unlock()
 	if err != nil {
 		return nil, err
 	}

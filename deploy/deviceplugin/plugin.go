@@ -77,7 +77,13 @@ type Plugin struct {
 	gpus    map[string]*gpuState // by UUID; a GPU once seen stays, unhealthy when gone
 	maxInst map[int]int          // slots by GPU index, where SetMaxInst set them
 	changed chan struct{}        // closed and replaced when the device list changes
+
+	dirs sync.Mutex // held while a control directory is written (DirLock)
 }
+
+// DirLock is held while Allocate writes a control directory: a Sweeper
+// holds it too, so it never removes a directory an allocation is filling.
+func (p *Plugin) DirLock() sync.Locker { return &p.dirs }
 
 // New makes a plugin that reads the node's GPUs with devices (NVML's view:
 // nvmldev.Reader.Devices).

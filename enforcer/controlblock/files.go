@@ -4,7 +4,10 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strings"
 	"syscall"
+
+	"golang.org/x/sys/unix"
 )
 
 // Containers write into their control directories, so every file there is
@@ -178,6 +181,50 @@ func own(fd int, st *syscall.Stat_t, mode uint32) error {
 		if err := syscall.Fchmod(fd, mode); err != nil {
 			return fmt.Errorf("chmod: %w", err)
 		}
+	}
+	return nil
+}
+
+// RemoveDir removes the control directory name in controlDir: the named
+// files in it, then the directory, never following a symlink (what is
+// unlinked is the entry itself, whatever it points to). The directory is
+// made the agent's first (AdoptDir's rule), so no one else can add an entry
+// while it goes; an entry that is not one of files keeps it, with an error.
+func RemoveDir(controlDir, name string, files ...string) error {
+	if name == "" || name == "." || name == ".." || strings.ContainsRune(name, '/') {
+		return fmt.Errorf("remove %q: not a directory name", name)
+	}
+	pfd, err := unix.Open(controlDir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("remove %s: %w", name, &os.PathError{Op: "open", Path: controlDir, Err: err})
+	}
+	defer unix.Close(pfd)
+	fd, err := unix.Openat(pfd, name, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("remove %s: %w", name, err)
+	}
+	defer unix.Close(fd)
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		return fmt.Errorf("remove %s: %w", name, err)
+	}
+	if err := own(fd, &st, 0o755); err != nil {
+		return fmt.Errorf("remove %s: %w", name, err)
+	}
+	for _, f := range files {
+		if err := unix.Unlinkat(fd, f, 0); err != nil && err != unix.ENOENT {
+			return fmt.Errorf("remove %s/%s: %w", name, f, err)
+		}
+	}
+	var now unix.Stat_t
+	if err := unix.Fstatat(pfd, name, &now, unix.AT_SYMLINK_NOFOLLOW); err != nil {
+		return fmt.Errorf("remove %s: %w", name, err)
+	}
+	if now.Dev != st.Dev || now.Ino != st.Ino {
+		return fmt.Errorf("remove %s: %w: replaced while removed", name, ErrBadFile)
+	}
+	if err := unix.Unlinkat(pfd, name, unix.AT_REMOVEDIR); err != nil {
+		return fmt.Errorf("remove %s: %w", name, err)
 	}
 	return nil
 }

@@ -320,3 +320,53 @@ func TestPrepareControlDir(t *testing.T) {
 		}
 	}
 }
+
+// RemoveDir unlinks links, never what they point to, and refuses a
+// directory that is a symlink or holds files it was not told of.
+func TestRemoveDir(t *testing.T) {
+	control, outside := t.TempDir(), t.TempDir()
+	target := filepath.Join(outside, "precious")
+	must(t, os.WriteFile(target, []byte("keep"), 0o644))
+	files := []string{"limits", "usage", "ld.so.preload"}
+
+	links := filepath.Join(control, "links")
+	must(t, os.Mkdir(links, 0o777))
+	must(t, os.Symlink(target, filepath.Join(links, "limits")))
+	must(t, os.Symlink(outside, filepath.Join(links, "usage")))
+	must(t, os.WriteFile(filepath.Join(links, "ld.so.preload"), nil, 0o644))
+	if err := RemoveDir(control, "links", files...); err != nil {
+		t.Errorf("a directory of links: %v", err)
+	}
+	if _, err := os.Lstat(links); !os.IsNotExist(err) {
+		t.Errorf("the directory is still there: %v", err)
+	}
+
+	dirLink := filepath.Join(control, "dirlink")
+	must(t, os.Symlink(outside, dirLink))
+	if err := RemoveDir(control, "dirlink", "precious"); err == nil {
+		t.Error("a symlink to a directory was taken for the directory")
+	}
+
+	extra := filepath.Join(control, "extra")
+	must(t, os.Mkdir(extra, 0o755))
+	must(t, os.WriteFile(filepath.Join(extra, "usage"), nil, 0o666))
+	must(t, os.WriteFile(filepath.Join(extra, "other"), nil, 0o666))
+	if err := RemoveDir(control, "extra", files...); err == nil {
+		t.Error("a directory with a file it was not told of was removed")
+	}
+	if _, err := os.Stat(filepath.Join(extra, "other")); err != nil {
+		t.Errorf("a file it was not told of: %v", err)
+	}
+
+	for _, name := range []string{"..", ".", "a/b", ""} {
+		if err := RemoveDir(control, name, files...); err == nil {
+			t.Errorf("RemoveDir(%q) took it for a directory name", name)
+		}
+	}
+	if b, err := os.ReadFile(target); err != nil || string(b) != "keep" {
+		t.Errorf("the link's target: %q, %v", b, err)
+	}
+	if _, err := os.Stat(outside); err != nil {
+		t.Errorf("the linked directory: %v", err)
+	}
+}

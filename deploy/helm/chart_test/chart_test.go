@@ -419,10 +419,11 @@ func TestCustomPlacementAndConfig(t *testing.T) {
 		"updateStrategy":    map[string]any{"type": "OnDelete"},
 		"image":             map[string]any{"tag": "v9"},
 		"config": map[string]any{
-			"controlDir":   "/var/run/gw",
-			"http":         map[string]any{"listen": "0.0.0.0:9100"},
-			"devicePlugin": map[string]any{"maxInst": 8, "preload": "ld.so.preload", "interposerPath": "/opt/gw/lib64/libgpuwarden.so"},
-			"log":          map[string]any{"format": "json"},
+			"controlDir":      "/var/run/gw",
+			"controlDirGrace": "90s",
+			"http":            map[string]any{"listen": "0.0.0.0:9100"},
+			"devicePlugin":    map[string]any{"maxInst": 8, "preload": "ld.so.preload", "interposerPath": "/opt/gw/lib64/libgpuwarden.so"},
+			"log":             map[string]any{"format": "json"},
 		},
 	})
 	if err != nil {
@@ -452,7 +453,7 @@ func TestCustomPlacementAndConfig(t *testing.T) {
 		t.Errorf("host paths %v: the control dir and the interposer's directory follow the config", paths)
 	}
 	cfg := o.ConfigMaps[0].Data["config.yaml"]
-	for _, s := range []string{"maxInst: 8", "preload: ld.so.preload", "controlDir: /var/run/gw", "format: json"} {
+	for _, s := range []string{"maxInst: 8", "preload: ld.so.preload", "controlDir: /var/run/gw", "controlDirGrace: 90s", "format: json"} {
 		if !strings.Contains(cfg, s) {
 			t.Errorf("config.yaml lacks %q:\n%s", s, cfg)
 		}
@@ -474,6 +475,7 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		{"bad bypass action", map[string]any{"config": map[string]any{"enforcement": map[string]any{"onBypass": "kill"}}}, "onBypass"},
 		{"grace period not a duration", map[string]any{"config": map[string]any{"enforcement": map[string]any{"gracePeriod": "ten seconds"}}}, "gracePeriod"},
 		{"relative control dir", map[string]any{"config": map[string]any{"controlDir": "run/gpuwarden"}}, "controlDir"},
+		{"control dir grace not a duration", map[string]any{"config": map[string]any{"controlDirGrace": "-5m"}}, "controlDirGrace"},
 		{"listen without port", map[string]any{"config": map[string]any{"http": map[string]any{"listen": "9477"}}}, "listen"},
 		{"bad duration", map[string]any{"config": map[string]any{"ebpf": map[string]any{"scanInterval": "soon"}}}, "scanInterval"},
 		{"bad log level", map[string]any{"config": map[string]any{"log": map[string]any{"level": "loud"}}}, "level"},

@@ -35,7 +35,8 @@ type Agent struct {
 	log     *slog.Logger
 
 	parts    parts
-	nsRoot   string // host path of the agent's cgroup namespace root
+	nsRoot   string            // host path of the agent's cgroup namespace root
+	resolver *cgroups.Resolver // nil when no cgroup v2 tree was found
 	enf      atomic.Pointer[enforcement]
 	nvml     *nvmldev.Reader
 	plugin   *deviceplugin.Plugin  // nil unless the device plugin runs
@@ -57,6 +58,7 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 	log.Info("starting gpuwarden agent", "version", version, "node", node)
 
 	resolver, cgroupFS := a.startCgroups()
+	a.resolver = resolver
 	a.nsRoot = a.cgroupNamespaceRoot(resolver)
 	src := collector.Sources{ControlDir: cfg.ControlDir, Cgroups: resolver, ProcRoot: cfg.Paths.Proc, CgroupNSRoot: a.nsRoot,
 		Targets: func() map[collector.Key]float64 {
@@ -94,6 +96,9 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 	if cfg.Enforcement.Enabled && resolver != nil {
 		a.enf.Store(a.startEnforcement(resolver, cgroupFS, node))
 	}
+	if (cfg.DevicePlugin.Enabled || cfg.Enforcement.Enabled) && cfg.ControlDirGrace > 0 {
+		a.startSweeping(resolver)
+	}
 
 	if cfg.HTTP.Enabled {
 		if err := a.startHTTP(); err != nil {
@@ -115,18 +120,49 @@ func nodeName(cfg config.Config) string {
 	return h
 }
 
+// startCgroups finds the host's cgroup v2 tree: the cgroup2 mount at
+// paths.cgroup or below it (a hybrid host has it at .../unified), else the
+// agent's own.
 func (a *Agent) startCgroups() (*cgroups.Resolver, string) {
-	root := a.cfg.Paths.Cgroup
-	if root == "" {
-		var err error
-		if root, err = cgroups.Mount(filepath.Join(a.cfg.Paths.Proc, "self", "mountinfo")); err != nil {
-			a.parts.set("cgroups", true, err)
-			a.log.Error("cgroup v2 not found: containers will not be resolved or enforced", "err", err)
-			return nil, ""
+	dir := a.cfg.Paths.Cgroup
+	if dir == "" {
+		dir = "/"
+	}
+	root, err := cgroups.MountUnder(filepath.Join(a.cfg.Paths.Proc, "self", "mountinfo"), dir)
+	a.parts.set("cgroups", true, err)
+	if err != nil {
+		a.log.Error("cgroup v2 not found: containers will not be resolved or enforced", "err", err)
+		return nil, ""
+	}
+	a.log.Info("cgroup v2 tree", "root", root)
+	return cgroups.NewResolver(root), root
+}
+
+// checkCgroups marks the cgroups part down while its tree places none of
+// the processes that NVML reports or eBPF found mapping libcuda: every
+// container would go unseen and unenforced.
+func (a *Agent) checkCgroups() {
+	if a.resolver == nil {
+		return // down since start, with its reason
+	}
+	var pids []int
+	if a.nvml != nil {
+		if devs, err := a.nvml.Devices(); err == nil {
+			for _, d := range devs {
+				for _, p := range d.Processes {
+					pids = append(pids, int(p.PID))
+				}
+			}
 		}
 	}
-	a.parts.set("cgroups", true, nil)
-	return cgroups.NewResolver(root), root
+	if a.observer != nil {
+		for _, l := range a.observer.Libraries() {
+			if l.PID > 0 {
+				pids = append(pids, l.PID)
+			}
+		}
+	}
+	a.parts.set("cgroups", true, a.resolver.CheckPlaced(a.cfg.Paths.Proc, a.nsRoot, pids))
 }
 
 // cgroupNamespaceRoot: an agent in a pod has a cgroup namespace of its own,

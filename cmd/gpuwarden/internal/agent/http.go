@@ -43,6 +43,7 @@ type ReadyResponse struct {
 }
 
 func (a *Agent) readyz(w http.ResponseWriter, _ *http.Request) {
+	a.checkCgroups()
 	p, ready := a.parts.snapshot()
 	w.Header().Set("Content-Type", "application/json")
 	if !ready {

@@ -93,6 +93,30 @@ func (s *settingsStore) gpus() map[int]scheduler.GPUSettings {
 	return out
 }
 
+// prune forgets the settings of containers whose control directories are
+// gone (exists says which are there), so the store does not grow with every
+// container that ever ran.
+func (s *settingsStore) prune(exists func(dir string) bool) error {
+	s.mu.Lock()
+	var gone []string
+	for dir := range s.Containers {
+		if !exists(dir) {
+			gone = append(gone, dir)
+		}
+	}
+	s.mu.Unlock()
+	if len(gone) == 0 {
+		return nil
+	}
+	return s.update(func(s *settingsStore) {
+		for _, dir := range gone {
+			if !exists(dir) { // not made again since
+				delete(s.Containers, dir)
+			}
+		}
+	})
+}
+
 // update changes the store and writes it out (atomically, root only).
 func (s *settingsStore) update(change func(*settingsStore)) error {
 	s.mu.Lock()

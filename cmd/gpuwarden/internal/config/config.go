@@ -17,14 +17,16 @@ import (
 	"github.com/spf13/pflag"
 	"github.com/spf13/viper"
 
+	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 	"github.com/gpuwarden/gpuwarden/enforcer/policy"
 )
 
 // Config is the agent's whole configuration.
 type Config struct {
-	NodeName   string `mapstructure:"nodeName"`
-	ControlDir string `mapstructure:"controlDir"`
-	HTTP       struct {
+	NodeName        string        `mapstructure:"nodeName"`
+	ControlDir      string        `mapstructure:"controlDir"`
+	ControlDirGrace time.Duration `mapstructure:"controlDirGrace"`
+	HTTP            struct {
 		Enabled bool   `mapstructure:"enabled"`
 		Listen  string `mapstructure:"listen"`
 	} `mapstructure:"http"`
@@ -89,6 +91,7 @@ type option struct {
 var options = []option{
 	{"nodeName", "", "node-name", "the node's name in metric labels; empty: $NODE_NAME, else the host name"},
 	{"controlDir", "/run/gpuwarden", "control-dir", "where containers' control blocks live (the interposer reads the same GPUWARDEN_CONTROL_DIR)"},
+	{"controlDirGrace", allocation.DefaultCollectGrace, "", "how long a container's control directory stays once nothing claims it (the kubelet's pod-resources no longer lists its allocation, or the cgroup it was made for is gone) and no live process maps it; then the agent removes it and the settings saved for it (enforcement.stateFile). 0 keeps every one"},
 	{"http.enabled", true, "", "serve /metrics, /healthz, /readyz, /debug/pprof/ and the API"},
 	{"http.listen", ":9477", "listen", "the HTTP server's address"},
 	{"ebpf.enabled", true, "", "observe every libcuda with eBPF uprobes"},
@@ -117,7 +120,7 @@ var options = []option{
 	{"kubernetes.tokenFile", "/var/run/secrets/kubernetes.io/serviceaccount/token", "", "the service-account token for the API server"},
 	{"kubernetes.caFile", "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt", "", "the API server's CA certificate"},
 	{"paths.proc", "/proc", "", "the proc filesystem (the host's, under hostPID)"},
-	{"paths.cgroup", "", "", "the cgroup v2 mount; empty: found in /proc/self/mountinfo"},
+	{"paths.cgroup", "", "", "the host's cgroup directory as the agent sees it: the cgroup v2 mount at it or below it (a hybrid host's unified directory), read from the agent's mountinfo (paths.proc/self/mountinfo), is the tree; empty: the agent's own cgroup v2 mount"},
 	{"profiling.pyroscopeServer", "", "", "Pyroscope server address for continuous profiling of the agent; empty: off"},
 	{"log.level", "info", "log-level", "debug, info, warn or error"},
 	{"log.format", "text", "", "text or json"},
@@ -262,6 +265,9 @@ func (c Config) Validate() error {
 	var errs []error
 	if c.ControlDir == "" {
 		errs = append(errs, errors.New("controlDir is empty"))
+	}
+	if c.ControlDirGrace < 0 {
+		errs = append(errs, fmt.Errorf("controlDirGrace %v is negative", c.ControlDirGrace))
 	}
 	if c.HTTP.Enabled {
 		if _, _, err := net.SplitHostPort(c.HTTP.Listen); err != nil {

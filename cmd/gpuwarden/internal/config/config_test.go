@@ -33,7 +33,7 @@ func TestDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.HTTP.Listen != ":9477" || c.ControlDir != "/run/gpuwarden" || !c.EBPF.Enabled || !c.Enforcement.Enabled ||
-		c.EBPF.LaunchPeriod != 30*time.Second || c.Enforcement.OnBypass != "report" {
+		c.EBPF.LaunchPeriod != 30*time.Second || c.Enforcement.OnBypass != "report" || c.ControlDirGrace != 5*time.Minute {
 		t.Errorf("defaults = %+v", c)
 	}
 	if dp := c.DevicePlugin; dp.Enabled || dp.MaxInst != 4 || dp.KubeletDir != "/var/lib/kubelet/device-plugins" ||
@@ -81,6 +81,7 @@ func TestRefusesBadConfig(t *testing.T) {
 		{"bad bypass action", "enforcement:\n  onBypass: kill\n", nil, `enforcement.onBypass "kill"`},
 		{"grace period 0", "enforcement:\n  gracePeriod: 0s\n", nil, "enforcement.gracePeriod 0s"},
 		{"grace period too long", "", []string{"GPUWARDEN_ENFORCEMENT_GRACE_PERIOD=2h"}, "enforcement.gracePeriod 2h0m0s"},
+		{"negative controlDirGrace", "", []string{"GPUWARDEN_CONTROL_DIR_GRACE=-1s"}, "controlDirGrace -1s is negative"},
 		{"bad listen", "", []string{"GPUWARDEN_HTTP_LISTEN=9477"}, "http.listen"},
 		{"bad log level", "", []string{"GPUWARDEN_LOG_LEVEL=loud"}, "log.level"},
 		{"bad bool", "", []string{"GPUWARDEN_EBPF_ENABLED=maybe"}, "ebpf.enabled"},

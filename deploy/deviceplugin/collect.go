@@ -1,0 +1,176 @@
+package deviceplugin
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpuwarden/gpuwarden/collector/kubelet"
+	"github.com/gpuwarden/gpuwarden/deploy/allocation"
+	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+)
+
+// controlFiles are the files a control directory may hold: the agent's
+// limits, the container's usage, the ld.so.preload Allocate writes. Nothing
+// else is removed.
+var controlFiles = []string{"limits", "usage", "ld.so.preload"}
+
+// Sweeper removes the control directories nobody holds any more: those of
+// allocations whose pods are gone and those the interposer made for
+// cgroups that are gone, once allocation.Collector says so.
+type Sweeper struct {
+	ControlDir string
+	ProcRoot   string // where /proc/<pid>/maps tell which processes use a directory
+	// Listed returns the names (allocation.DirName) of the allocations
+	// pod-resources lists; nil off Kubernetes.
+	Listed func(context.Context) (map[string]bool, error)
+	// CgroupKeys returns the key of every cgroup (controlblock.ContainerKey);
+	// nil when the cgroup tree is unknown.
+	CgroupKeys func() (map[string]bool, error)
+	// Lock, when set, is held while directories are examined and removed:
+	// the device plugin's DirLock, so a directory Allocate is writing is
+	// seen changed, or made again after its removal, never half removed.
+	Lock      sync.Locker
+	Collector allocation.Collector
+}
+
+// ListedDirs is a Sweeper's Listed from the kubelet's pod-resources API:
+// the directory of every container's devices of our resources.
+func ListedDirs(pr *kubelet.PodResources) func(context.Context) (map[string]bool, error) {
+	return func(ctx context.Context) (map[string]bool, error) {
+		as, err := pr.List(ctx, func(r string) bool { return r == allocation.ResourceGPU || r == allocation.ResourceMemory })
+		if err != nil {
+			return nil, err
+		}
+		out := make(map[string]bool, len(as))
+		for _, a := range as {
+			out[allocation.DirName(a.DeviceIDs)] = true
+		}
+		return out, nil
+	}
+}
+
+// Sweep removes what is dead at now and returns the names removed. Sources
+// that fail claim what they would have named, so a failure keeps
+// directories, never removes them.
+func (s *Sweeper) Sweep(ctx context.Context, now time.Time) ([]string, error) {
+	var errs []error
+	listed, kubeletKnown := map[string]bool{}, false
+	if s.Listed != nil {
+		l, err := s.Listed(ctx)
+		if err == nil {
+			listed, kubeletKnown = l, true
+		}
+		errs = append(errs, err)
+	}
+	keys, keysKnown := map[string]bool{}, false
+	if s.CgroupKeys != nil {
+		k, err := s.CgroupKeys()
+		if err == nil {
+			keys, keysKnown = k, true
+		}
+		errs = append(errs, err)
+	}
+	if s.Lock != nil {
+		s.Lock.Lock()
+		defer s.Lock.Unlock()
+	}
+	entries, err := os.ReadDir(s.ControlDir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, errors.Join(errs...)
+	}
+	if err != nil {
+		return nil, errors.Join(append(errs, fmt.Errorf("sweep control directory: %w", err))...)
+	}
+	dirs := make([]allocation.Dir, 0, len(entries))
+	for _, e := range entries {
+		if !e.IsDir() { // a symlink is no directory here: it is never followed
+			continue
+		}
+		var st unix.Stat_t
+		if unix.Lstat(filepath.Join(s.ControlDir, e.Name()), &st) != nil {
+			continue
+		}
+		dirs = append(dirs, allocation.Dir{Name: e.Name(), Modified: time.Unix(st.Mtim.Unix()),
+			Listed: listed[e.Name()], Cgroup: keys[e.Name()] || !keysKnown})
+	}
+	dead := s.Collector.Dead(now, dirs, kubeletKnown, func(names []string) map[string]bool {
+		return mappedBy(s.ProcRoot, s.ControlDir, names)
+	})
+	var removed []string
+	for _, name := range dead {
+		if err := controlblock.RemoveDir(s.ControlDir, name, controlFiles...); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed = append(removed, name)
+	}
+	return removed, errors.Join(errs...)
+}
+
+// mappedBy returns which of the directories' files a live process maps: the
+// interposer maps its usage (and limits) for the life of the process, in
+// whatever mount namespace, and /proc/<pid>/maps names the file by device
+// and inode (procRoot must be of the caller's pid namespace: the host's,
+// under hostPID). A process that is not readable counts as using nothing; one
+// that lists a directory's inode counts, whatever it says its ledger holds.
+func mappedBy(procRoot, controlDir string, names []string) map[string]bool {
+	type fileID struct {
+		major, minor uint32
+		ino          uint64
+	}
+	owner := map[fileID]string{}
+	for _, name := range names {
+		for _, f := range controlFiles {
+			var st unix.Stat_t
+			if unix.Lstat(filepath.Join(controlDir, name, f), &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
+				owner[fileID{unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino}] = name
+			}
+		}
+	}
+	used := map[string]bool{}
+	if len(owner) == 0 {
+		return used
+	}
+	procs, _ := os.ReadDir(procRoot)
+	for _, p := range procs {
+		// The agent maps the files of every ledger it reads: its own
+		// mappings say nothing of the container's.
+		if pid, err := strconv.Atoi(p.Name()); err != nil || pid == os.Getpid() {
+			continue
+		}
+		f, err := os.Open(filepath.Join(procRoot, p.Name(), "maps"))
+		if err != nil {
+			continue
+		}
+		sc := bufio.NewScanner(f)
+		for sc.Scan() {
+			// "7f2a1c000000-7f2a1c009000 rw-s 00000000 fd:01 1234567 /run/gpuwarden/root/usage"
+			fields := strings.Fields(sc.Text())
+			if len(fields) < 6 || fields[4] == "0" {
+				continue
+			}
+			maj, min, ok := strings.Cut(fields[3], ":")
+			ma, err1 := strconv.ParseUint(maj, 16, 32)
+			mi, err2 := strconv.ParseUint(min, 16, 32)
+			ino, err3 := strconv.ParseUint(fields[4], 10, 64)
+			if !ok || err1 != nil || err2 != nil || err3 != nil {
+				continue
+			}
+			if name, ok := owner[fileID{uint32(ma), uint32(mi), ino}]; ok {
+				used[name] = true
+			}
+		}
+		f.Close()
+	}
+	return used
+}
