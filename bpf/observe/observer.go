@@ -115,11 +115,16 @@ func (o *Observer) Close() error {
 		o.events.Close()
 		o.wg.Wait()
 		close(o.failed)
+		// Libraries side by side, as each library's links are: every
+		// detach waits for handlers in flight, and a node (or a test
+		// machine) can map many copies of libcuda.
 		o.mu.Lock()
+		var wg sync.WaitGroup
 		for id, a := range o.libs {
-			a.lib.Detach()
+			wg.Go(a.lib.Detach)
 			delete(o.libs, id)
 		}
+		wg.Wait()
 		o.mu.Unlock()
 		err = o.probes.Close()
 	})
