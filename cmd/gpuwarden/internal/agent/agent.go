@@ -22,6 +22,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/config"
 	"github.com/gpuwarden/gpuwarden/collector"
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/collector/claims"
 	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
 )
 
@@ -53,7 +54,12 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 
 	resolver, cgroupFS := a.startCgroups()
 	a.nsRoot = a.cgroupNamespaceRoot(resolver)
-	src := collector.Sources{ControlDir: cfg.ControlDir, Cgroups: resolver, ProcRoot: cfg.Paths.Proc, CgroupNSRoot: a.nsRoot,
+	// One verifier of ledgers' claims serves the collector and the enforcer.
+	var verifier *claims.Verifier
+	if resolver != nil {
+		verifier = claims.NewVerifier(resolver, cgroupFS, cfg.Paths.Proc)
+	}
+	src := collector.Sources{ControlDir: cfg.ControlDir, Cgroups: resolver, Claims: verifier, ProcRoot: cfg.Paths.Proc, CgroupNSRoot: a.nsRoot,
 		Targets: func() map[collector.Key]float64 {
 			if e := a.enf.Load(); e != nil {
 				return e.targets()
@@ -81,7 +87,7 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 		a.startDevicePlugin(ctx)
 	}
 	if cfg.Enforcement.Enabled && resolver != nil {
-		a.enf.Store(a.startEnforcement(resolver, cgroupFS, node))
+		a.enf.Store(a.startEnforcement(resolver, verifier, cgroupFS, node))
 	}
 
 	if cfg.HTTP.Enabled {

@@ -87,7 +87,7 @@ func (e *enforcement) register(mux *http.ServeMux, token string) {
 	}
 	mux.HandleFunc("POST /api/v1/containers/{container...}", auth(e.changeContainer))
 	mux.HandleFunc("POST /api/v1/gpus/{index}/settings", auth(e.changeGPU))
-	mux.HandleFunc("GET /api/v1/events", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, e.bypass.list()) })
+	mux.HandleFunc("GET /api/v1/events", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, e.breaches.list()) })
 }
 
 // makeToken writes a fresh random token to path (mode 0600) and returns it.
@@ -177,9 +177,9 @@ func (e *enforcement) changeContainer(w http.ResponseWriter, r *http.Request) {
 // unfreeze thaws a cgroup the agent froze, named by its path (bypassing
 // containers have no control block to be named by).
 func (e *enforcement) unfreeze(w http.ResponseWriter, path string) {
-	e.bypass.mu.Lock()
-	frozen := e.bypass.frozen[path]
-	e.bypass.mu.Unlock()
+	e.breaches.mu.Lock()
+	frozen := e.breaches.frozen[path]
+	e.breaches.mu.Unlock()
 	if !frozen {
 		httpError(w, http.StatusNotFound, fmt.Sprintf("the agent froze no cgroup %q (see gpuwarden ctl events)", path))
 		return
@@ -188,7 +188,7 @@ func (e *enforcement) unfreeze(w http.ResponseWriter, path string) {
 		httpError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	e.bypass.record(Event{Kind: "unfrozen", Cgroup: path, Message: "unfrozen by gpuwarden ctl"})
+	e.breaches.record(Event{Kind: "unfrozen", Cgroup: path, Message: "unfrozen by gpuwarden ctl"})
 	writeJSON(w, ChangeResult{Container: path})
 }
 
