@@ -67,6 +67,7 @@ type judge struct {
 	instant  map[Key]map[string]Breach    // instant breaches and when they end
 	until    map[Key]map[string]time.Time
 	launches map[string]ledgerMarks // by ledger directory
+	rewinds  map[Key]uint64         // the enforcer's count, as last seen
 }
 
 // ledgerMarks are a ledger's counters that never go back.
@@ -77,7 +78,7 @@ type ledgerMarks struct {
 
 func newJudge() judge {
 	return judge{since: map[Key]map[string]time.Time{}, instant: map[Key]map[string]Breach{},
-		until: map[Key]map[string]time.Time{}, launches: map[string]ledgerMarks{}}
+		until: map[Key]map[string]time.Time{}, launches: map[string]ledgerMarks{}, rewinds: map[Key]uint64{}}
 }
 
 // gpuProc is a process NVML lists on a device, as the agent identified it.
@@ -180,6 +181,19 @@ func (jd *judge) rewound(dir string, cg uint64, u *controlblock.UsageSnapshot, n
 				"ledger %s: launches issued on GPU %d went back from %d to %d", dir, d, prev.launches[d], u.LaunchesIssued[d])}, now)
 		}
 	}
+}
+
+// enforcerRewinds reports the ledgers whose tickets the enforcer saw go
+// back since the last view: it reads them every tick, where a view (at
+// most once a second) misses a reset the container's launches overtake.
+func (jd *judge) enforcerRewinds(counts map[Key]uint64, now time.Time) {
+	for k, n := range counts {
+		if prev, ok := jd.rewinds[k]; ok && n > prev {
+			jd.remember(k, Breach{Reason: BreachBadLedger, Evidence: fmt.Sprintf(
+				"the enforcer saw the ledger's launch tickets on GPU %d go back (%d times)", k.GPU, n)}, now)
+		}
+	}
+	jd.rewinds = counts
 }
 
 // keepLedgers drops the marks of directories not in seen.

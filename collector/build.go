@@ -205,6 +205,9 @@ func (j *joiner) finish(ledgers map[uint64]*ledger, rejected []*ledger) {
 	for cg, l := range ledgers {
 		j.addLedger(cg, l)
 	}
+	if j.c.src.Rewinds != nil {
+		j.c.judge.enforcerRewinds(j.c.src.Rewinds(), j.v.Time)
+	}
 	j.judgeAll(ledgers, rejected, j.v.Time)
 	var targets map[Key]float64
 	if j.c.src.Targets != nil {

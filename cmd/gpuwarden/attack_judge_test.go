@@ -227,6 +227,34 @@ func TestAttackForgedReservedBytes(t *testing.T) {
 	wantFreshAllocation(t, m, agent, "2Gi")
 }
 
+// Attack 2: resetting launches_issued lifts the launch gate until the next
+// true-up; the ledger's counter going back is a breach (seen by the
+// scheduler, which reads the tickets every tick).
+func TestAttackRewoundLaunches(t *testing.T) {
+	simtest.RequirePrivileged(t, "eBPF and cgroups")
+	m := simtest.NewMachine(t, 1, "16Gi")
+	agent := simtest.StartAgent(t, m)
+	cg := startEnforced(t, m, agent, "rewinder", "GPUWARDEN_COMPUTE_LIMIT=50") // gated: it takes launch tickets
+	simtest.Eventually(t, breachWithin, func() error {
+		b, err := os.ReadFile(ledgerOf(agent, cg))
+		if err != nil {
+			return err
+		}
+		u, err := controlblock.ParseUsage(b)
+		if err != nil || u.LaunchesIssued[0] < 100 {
+			return fmt.Errorf("launch tickets taken: %v, %v", u, err)
+		}
+		return nil
+	})
+	forge(t, cg, ledgerOf(agent, cg), "launches_issued", 0)
+	wantBreach(t, agent, cg.Rel, collector.BreachBadLedger)
+	ev := wantEvent(t, agent, "breach", collector.BreachBadLedger, cg.Rel)
+	if !strings.Contains(ev.Message, "back") {
+		t.Errorf("the event gives no evidence: %+v", ev)
+	}
+	agentServes(t, agent)
+}
+
 // Attack 3: one process of the container runs under the interposer (so the
 // container has a ledger), another in the same cgroup runs without it. The
 // ledger vouches for its own processes only: the other is a breach, and

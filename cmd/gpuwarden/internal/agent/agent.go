@@ -65,6 +65,12 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 				return e.targets()
 			}
 			return nil
+		},
+		Rewinds: func() map[collector.Key]uint64 {
+			if e := a.enf.Load(); e != nil {
+				return e.rewinds()
+			}
+			return nil
 		}}
 	if cfg.NVML.Enabled {
 		a.startNVML()

@@ -287,18 +287,37 @@ func sameInts(a, b []int) bool {
 // targets gives the collector each container's target share per device.
 func (e *enforcement) targets() map[collector.Key]float64 {
 	out := map[collector.Key]float64{}
-	e.mu.Lock()
-	byKey := make(map[string]uint64, len(e.members))
-	for k, m := range e.members {
-		byKey[k] = m.cgroup
-	}
-	e.mu.Unlock()
+	byKey := e.cgroups()
 	for _, st := range e.s.Status() {
 		if cg, ok := byKey[st.Key]; ok && st.Target > 0 && st.Policy != policy.Native {
 			out[collector.Key{Cgroup: cg, GPU: st.Device}] = st.Target
 		}
 	}
 	return out
+}
+
+// rewinds gives the collector how many times the scheduler saw each
+// container's launch tickets go back, per device.
+func (e *enforcement) rewinds() map[collector.Key]uint64 {
+	out := map[collector.Key]uint64{}
+	byKey := e.cgroups()
+	for _, st := range e.s.Status() {
+		if cg, ok := byKey[st.Key]; ok {
+			out[collector.Key{Cgroup: cg, GPU: st.Device}] = st.Rewinds
+		}
+	}
+	return out
+}
+
+// cgroups maps each member's directory to its cgroup id.
+func (e *enforcement) cgroups() map[string]uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	byKey := make(map[string]uint64, len(e.members))
+	for k, m := range e.members {
+		byKey[k] = m.cgroup
+	}
+	return byKey
 }
 
 func (e *enforcement) close() error {
