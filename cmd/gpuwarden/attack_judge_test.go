@@ -13,12 +13,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 	"unsafe"
 
 	"github.com/gpuwarden/gpuwarden/collector"
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/collector/kubeapi"
+	"github.com/gpuwarden/gpuwarden/collector/kubeapi/kubeapitest"
 	"github.com/gpuwarden/gpuwarden/collector/kubelet/kubelettest"
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
@@ -109,22 +112,31 @@ func ledgerOf(agent *simtest.Agent, cg *simtest.Cgroup) string {
 }
 
 // wantBreach waits for gpuwarden_container_breach{reason} and
-// gpuwarden_container_unenforced of the container labelled container.
+// gpuwarden_container_unenforced of the container labelled container (off
+// Kubernetes, its cgroup path).
 func wantBreach(t *testing.T, agent *simtest.Agent, container, reason string) {
 	t.Helper()
+	wantBreachOf(t, agent, map[string]string{"container": container, "gpu": "0"}, reason)
+}
+
+func wantBreachOf(t *testing.T, agent *simtest.Agent, labels map[string]string, reason string) {
+	t.Helper()
 	start := time.Now()
-	labels := map[string]string{"container": container, "gpu": "0"}
+	withReason := map[string]string{"reason": reason}
+	for k, v := range labels {
+		withReason[k] = v
+	}
 	simtest.Eventually(t, breachWithin, func() error {
 		f := agent.Scrape(t)
-		if s, ok := simtest.Find(f, "gpuwarden_container_breach", map[string]string{"container": container, "reason": reason}); !ok || s.Value != 1 {
-			return fmt.Errorf("no breach %s for %s; breaches: %v", reason, container, f["gpuwarden_container_breach"])
+		if s, ok := simtest.Find(f, "gpuwarden_container_breach", withReason); !ok || s.Value != 1 {
+			return fmt.Errorf("no breach %v; breaches: %v", withReason, f["gpuwarden_container_breach"])
 		}
 		if s, ok := simtest.Find(f, "gpuwarden_container_unenforced", labels); !ok || s.Value != 1 {
-			return fmt.Errorf("unenforced of %s: %v %v", container, s.Value, ok)
+			return fmt.Errorf("unenforced of %v: %v %v", labels, s.Value, ok)
 		}
 		return nil
 	})
-	t.Logf("breach %s of %s in the metrics after %v", reason, container, time.Since(start).Round(100*time.Millisecond))
+	t.Logf("breach %s of %v in the metrics after %v", reason, labels, time.Since(start).Round(100*time.Millisecond))
 }
 
 type event struct {
@@ -327,10 +339,13 @@ func TestAttackRenamedLibcuda(t *testing.T) {
 
 // Attack 4: on Kubernetes, a container writes another pod's cgroup id into
 // its own ledger, in its device-plugin directory. The victim keeps its
-// labels; the attacker's claim is refused and reported.
+// labels; the attacker's claim is refused (the directory the kubelet
+// assigned is not the victim pod's, and no process of the ledger is in the
+// victim's cgroup) and reported.
 func TestAttackClaimsAnotherPodsCgroup(t *testing.T) {
 	simtest.RequirePrivileged(t, "cgroup and mount namespaces")
 	victimIDs, attackerIDs := []string{"GPU-test::gpu-0"}, []string{"GPU-test::gpu-1"}
+	const victimUID, attackerUID = "0a1b2c3d-0000-4000-8000-00000000000a", "0a1b2c3d-0000-4000-8000-00000000000b"
 	kl := kubelettest.StartPodResources(t)
 	kl.SetPods(
 		kubelettest.Pod{Namespace: "ml", Name: "victim-0", Containers: []kubelettest.Container{
@@ -338,12 +353,17 @@ func TestAttackClaimsAnotherPodsCgroup(t *testing.T) {
 		kubelettest.Pod{Namespace: "evil", Name: "attacker-0", Containers: []kubelettest.Container{
 			{Name: "main", Devices: map[string][]string{"gpuwarden.io/gpu": attackerIDs}}}},
 	)
+	api := kubeapitest.StartTestServer(t)
+	api.SetPods("node-k", kubeapi.Pod{Namespace: "ml", Name: "victim-0", UID: victimUID},
+		kubeapi.Pod{Namespace: "evil", Name: "attacker-0", UID: attackerUID})
 	m := simtest.NewMachine(t, 1, "16Gi")
-	agent := simtest.StartAgent(t, m, "GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET="+kl.Socket, "GPUWARDEN_NODE_NAME=node-k")
+	agent := simtest.StartAgent(t, m, "GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET="+kl.Socket, "GPUWARDEN_NODE_NAME=node-k",
+		"GPUWARDEN_KUBERNETES_API_SERVER="+api.URL, "GPUWARDEN_KUBERNETES_TOKEN_FILE="+api.TokenFile,
+		"GPUWARDEN_KUBERNETES_CA_FILE="+api.CAFile)
 
-	victim := simtest.NewCgroup(t, "victim")
+	victim := podCgroup(t, "victim", victimUID)
 	podContainer(t, m, agent, victim, victimIDs, "512Mi")
-	attacker := simtest.NewCgroup(t, "attacker")
+	attacker := podCgroup(t, "attacker", attackerUID)
 	podContainer(t, m, agent, attacker, attackerIDs, "256Mi")
 
 	victimLabels := map[string]string{"namespace": "ml", "pod": "victim-0", "container": "main", "gpu": "0"}
@@ -362,7 +382,8 @@ func TestAttackClaimsAnotherPodsCgroup(t *testing.T) {
 
 	usage := controlblock.UsagePath(agent.ControlDir, allocation.DirName(attackerIDs))
 	forge(t, attacker, usage, "cgroup_id", victim.ID)
-	wantBreach(t, agent, attacker.Rel, collector.BreachFalseClaim)
+	// Its ledger refused, the attacker is named by its cgroup path (pod uid, container id).
+	wantBreachOf(t, agent, map[string]string{"pod": attackerUID, "gpu": "0"}, collector.BreachFalseClaim)
 	ev := wantEvent(t, agent, "breach", collector.BreachFalseClaim, attacker.Rel)
 	if !strings.Contains(ev.Message, allocation.DirName(attackerIDs)) {
 		t.Errorf("the event does not name the forged ledger: %+v", ev)
@@ -371,6 +392,34 @@ func TestAttackClaimsAnotherPodsCgroup(t *testing.T) {
 	time.Sleep(3 * time.Second)
 	simtest.Eventually(t, breachWithin, wantVictim)
 	agentServes(t, agent)
+}
+
+// podCgroup makes a container's cgroup inside its pod's, as the kubelet
+// lays them out (".../pod<uid>/<container>"), so its path names its pod.
+func podCgroup(t *testing.T, name, uid string) *simtest.Cgroup {
+	t.Helper()
+	parent := simtest.NewCgroup(t, name)
+	rel := parent.Rel + "/pod" + uid + "/" + strings.Repeat("c", 64)
+	path := filepath.Join(filepath.Dir(parent.Path), filepath.Base(parent.Path), "pod"+uid, strings.Repeat("c", 64))
+	if err := os.MkdirAll(path, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // before the parent's removal
+		_ = os.WriteFile(filepath.Join(path, "cgroup.kill"), []byte("1"), 0)
+		syscall.Close(fd)
+		for i := 0; i < 100 && (os.Remove(path) != nil || os.Remove(filepath.Dir(path)) != nil); i++ {
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	return simtest.CgroupAt(path, rel, st.Ino, fd)
 }
 
 // podContainer runs a workload as the device plugin sets a container up:

@@ -84,7 +84,8 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 			src.EBPF = a.observer.Snapshot
 		}
 	}
-	if labels := a.startKubelet(); labels != nil {
+	pods := a.startAnnotations(node) // nil off Kubernetes
+	if labels := a.startKubelet(pods); labels != nil {
 		src.Labels = labels
 	}
 	a.coll = collector.New(node, version, src, log)
@@ -93,7 +94,7 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 		a.startDevicePlugin(ctx)
 	}
 	if cfg.Enforcement.Enabled && resolver != nil {
-		a.enf.Store(a.startEnforcement(resolver, verifier, cgroupFS, node))
+		a.enf.Store(a.startEnforcement(resolver, verifier, cgroupFS, pods))
 	}
 
 	if cfg.HTTP.Enabled {

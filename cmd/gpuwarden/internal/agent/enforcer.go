@@ -49,14 +49,14 @@ type member struct {
 	annotated scheduler.Settings
 }
 
-func (a *Agent) startEnforcement(resolver *cgroups.Resolver, verifier *claims.Verifier, cgroupFS, node string) *enforcement {
+func (a *Agent) startEnforcement(resolver *cgroups.Resolver, verifier *claims.Verifier, cgroupFS string, pods *podAnnotations) *enforcement {
 	store, err := loadSettings(a.cfg.Enforcement.StateFile)
 	if err != nil {
 		a.parts.set("enforcer", true, err)
 		a.log.Error("enforcer not started: its saved settings cannot be read", "err", err)
 		return nil
 	}
-	e := &enforcement{a: a, resolver: resolver, claims: verifier, cgroupFS: cgroupFS, settings: store, pods: a.startAnnotations(node),
+	e := &enforcement{a: a, resolver: resolver, claims: verifier, cgroupFS: cgroupFS, settings: store, pods: pods,
 		members: map[string]*member{}, done: make(chan struct{})}
 	e.breaches.init()
 	var src scheduler.Source
