@@ -116,11 +116,14 @@ func (j *joiner) compare(k Key, e *ContainerDevice, l *ledger) []Breach {
 	if e.MemorySource == "nvml" {
 		tol *= uint64(1 + len(e.PIDs)) // NVML counts each process's context
 	}
-	if e.MemorySource != "ledger" && e.MemoryLimitBytes > 0 && seen > e.MemoryLimitBytes+tol {
+	unaccounted := e.MemorySource != "ledger" && seen > e.LedgerBytes+tol
+	// Held above the quota but within the ledger is a limit lowered below
+	// what the container holds (it keeps it): no breach.
+	if unaccounted && e.MemoryLimitBytes > 0 && seen > e.MemoryLimitBytes+tol {
 		out = append(out, Breach{Reason: BreachOverLimit, Evidence: fmt.Sprintf(
 			"%s sees %d bytes held on GPU %d, quota %d", e.MemorySource, seen, d, e.MemoryLimitBytes)})
 	}
-	if e.MemorySource != "ledger" && seen > e.LedgerBytes+tol {
+	if unaccounted {
 		out = append(out, Breach{Reason: BreachOverLedger, Evidence: fmt.Sprintf(
 			"%s sees %d bytes held on GPU %d, the ledger reserves %d", e.MemorySource, seen, d, e.LedgerBytes)})
 	}
