@@ -15,13 +15,14 @@ import (
 
 // joiner accumulates one view's per-container entries.
 type joiner struct {
-	c       *Collector
-	live    map[uint64]bool // cgroups whose ledgers were read this time
-	v       *View
-	entries map[Key]*ContainerDevice
-	uuids   map[int]string
-	labels  LabelFunc
-	procs   map[Key][]gpuProc // the processes NVML lists, by cgroup and device
+	c        *Collector
+	live     map[uint64]bool // cgroups whose ledgers were read this time
+	v        *View
+	entries  map[Key]*ContainerDevice
+	uuids    map[int]string
+	labels   LabelFunc
+	procs    map[Key][]gpuProc // the processes NVML lists, by cgroup and device
+	seenPIDs map[int]gpuProc   // identified this time, kept for the next view
 }
 
 func (j *joiner) entry(cg uint64, gpu int) *ContainerDevice {
@@ -46,7 +47,7 @@ func (j *joiner) source(name string, err error) bool {
 
 func (c *Collector) build(ctx context.Context) *View {
 	j := &joiner{c: c, v: &View{Node: c.node, Time: time.Now()}, entries: map[Key]*ContainerDevice{},
-		uuids: map[int]string{}, live: map[uint64]bool{}, procs: map[Key][]gpuProc{}}
+		uuids: map[int]string{}, live: map[uint64]bool{}, procs: map[Key][]gpuProc{}, seenPIDs: map[int]gpuProc{}}
 	var devs []nvmldev.Device
 	if c.src.NVML != nil {
 		var err error
@@ -186,8 +187,7 @@ func (j *joiner) addNVML(devs []nvmldev.Device) {
 				continue
 			}
 			e := j.entry(cg, d.Index)
-			id, err := claims.Identify(j.c.src.ProcRoot, int(p.PID))
-			j.procs[Key{cg, d.Index}] = append(j.procs[Key{cg, d.Index}], gpuProc{hostPID: int(p.PID), id: id, ok: err == nil})
+			j.procs[Key{cg, d.Index}] = append(j.procs[Key{cg, d.Index}], j.identify(int(p.PID)))
 			e.CgroupPath = path
 			e.ComputeShare += p.Utilization
 			e.PIDs = append(e.PIDs, int(p.PID))
@@ -198,6 +198,20 @@ func (j *joiner) addNVML(devs []nvmldev.Device) {
 			e.Unenforced = true // cleared in finish for containers with a ledger
 		}
 	}
+}
+
+// identify tells a GPU process's pid in its namespace and start time, read
+// once while NVML keeps listing the pid. A pid reused meanwhile keeps the
+// old identity until it drops out of the list: at worst a process judged
+// by its predecessor's slot; a kill checks the start time again.
+func (j *joiner) identify(pid int) gpuProc {
+	p, ok := j.c.procIDs[pid]
+	if !ok {
+		id, err := claims.Identify(j.c.src.ProcRoot, pid)
+		p = gpuProc{hostPID: pid, id: id, ok: err == nil}
+	}
+	j.seenPIDs[pid] = p
+	return p
 }
 
 // finish merges the ledgers, names every container and fills the view.
@@ -239,6 +253,7 @@ func (j *joiner) finish(ledgers map[uint64]*ledger, rejected []*ledger) {
 			delete(j.c.totals, cg) // the container is gone, and its series with it
 		}
 	}
+	j.c.procIDs = j.seenPIDs
 	j.v.sort()
 }
 

@@ -61,6 +61,7 @@ type Collector struct {
 	totals  map[uint64]*controlblock.ProcTotals // per cgroup: launches and throttled time
 	ledgers ledgerFiles
 	judge   judge
+	procIDs map[int]gpuProc           // GPU processes identified, by host pid
 	labels  atomic.Pointer[LabelFunc] // the last view's, for Assigned
 }
 

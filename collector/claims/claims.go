@@ -19,9 +19,11 @@ import (
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 )
 
-// recheck is how long a verdict stands while the ledger's processes stay
-// the same; a process moved to another cgroup is noticed within it.
-const recheck = 10 * time.Second
+// recheck is how long a verdict stands while the process that vouched
+// stays in a slot; a process moved to another cgroup (which takes the
+// node's privileges) is noticed within it. At 1,000 containers it costs
+// about 50 file reads a second.
+const recheck = time.Minute
 
 // Resolver maps a cgroup id to its path (collector/cgroups.Resolver).
 type Resolver interface {
