@@ -191,7 +191,7 @@ func (jd *judge) rewound(dir string, cg uint64, u *controlblock.UsageSnapshot, n
 // most once a second) misses a reset the container's launches overtake.
 func (jd *judge) enforcerRewinds(counts map[Key]uint64, now time.Time) {
 	for k, n := range counts {
-		if prev, ok := jd.rewinds[k]; ok && n > prev {
+		if n > jd.rewinds[k] { // counted since the scheduler took the container on
 			jd.remember(k, Breach{Reason: BreachBadLedger, Evidence: fmt.Sprintf(
 				"the enforcer saw the ledger's launch tickets on GPU %d go back (%d times)", k.GPU, n)}, now)
 		}

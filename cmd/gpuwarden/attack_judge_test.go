@@ -100,8 +100,9 @@ func forge(t *testing.T, cg *simtest.Cgroup, usage, field string, v uint64) {
 	if err := os.WriteFile(src, binary.LittleEndian.AppendUint64(nil, v), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	cmd := cg.Place(exec.Command("dd", "if="+src, "of="+usage, "bs=1", "count=8",
-		fmt.Sprintf("seek=%d", usageOffset(field)), "conv=notrunc", "status=none"))
+	// One 8-byte write: every field forged is 8-byte aligned.
+	cmd := cg.Place(exec.Command("dd", "if="+src, "of="+usage, "bs=8", "count=1",
+		fmt.Sprintf("seek=%d", usageOffset(field)/8), "conv=notrunc", "status=none"))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("forge %s: %v: %s", field, err, out)
 	}
@@ -247,14 +248,28 @@ func TestAttackRewoundLaunches(t *testing.T) {
 	m := simtest.NewMachine(t, 1, "16Gi")
 	agent := simtest.StartAgent(t, m)
 	cg := startEnforced(t, m, agent, "rewinder", "GPUWARDEN_COMPUTE_LIMIT=50") // gated: it takes launch tickets
-	simtest.Eventually(t, breachWithin, func() error {
+	tickets := func() uint64 {
 		b, err := os.ReadFile(ledgerOf(agent, cg))
 		if err != nil {
-			return err
+			t.Fatal(err)
 		}
 		u, err := controlblock.ParseUsage(b)
-		if err != nil || u.LaunchesIssued[0] < 100 {
-			return fmt.Errorf("launch tickets taken: %v, %v", u, err)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return u.LaunchesIssued[0]
+	}
+	// Under the scheduler (the agent writes its limits as it takes it on;
+	// the interposer may have paced itself before), then 100 tickets more,
+	// which the scheduler has seen taken.
+	simtest.Eventually(t, breachWithin, func() error {
+		_, err := os.Stat(controlblock.LimitsPath(agent.ControlDir, controlblock.ContainerKey(cg.Rel)))
+		return err
+	})
+	admitted := tickets()
+	simtest.Eventually(t, breachWithin, func() error {
+		if n := tickets(); n < admitted+100 {
+			return fmt.Errorf("launch tickets taken: %d since the scheduler took it on", n-admitted)
 		}
 		return nil
 	})
