@@ -27,10 +27,14 @@ const (
 	// BreachFalseClaim: a process of the cgroup keeps a ledger that names
 	// another cgroup.
 	BreachFalseClaim = "false_claim"
+	// BreachOverShare: the device time measured (NVML) stays above the share
+	// the scheduler holds the container to.
+	BreachOverShare = "over_share"
 )
 
 // BreachReasons lists every reason, for help texts and tests.
-var BreachReasons = []string{BreachBypass, BreachOverLimit, BreachOverLedger, BreachUnledgered, BreachBadLedger, BreachFalseClaim}
+var BreachReasons = []string{BreachBypass, BreachOverLimit, BreachOverLedger, BreachUnledgered, BreachBadLedger, BreachFalseClaim,
+	BreachOverShare}
 
 // Breach is one reason a container is in breach, with what shows it.
 type Breach struct {
@@ -59,6 +63,11 @@ const (
 	// remember keeps an instant breach (a counter that went back) reported
 	// for this long, so alerts and scrapes see it.
 	remember = time.Minute
+	// shareTolerance and shareSustain: a share measured over a second
+	// lags the scheduler's targets when containers start and stop, so only
+	// a wide excess held for long is a breach.
+	shareTolerance = 0.15
+	shareSustain   = 10 * time.Second
 )
 
 // judge keeps what breach detection needs between views.
@@ -132,6 +141,10 @@ func (j *joiner) compare(k Key, e *ContainerDevice, l *ledger) []Breach {
 	}
 	if b, ok := impossible(d, l.usage); ok {
 		out = append(out, b)
+	}
+	if held, ok := j.held[k]; ok && e.ComputeShare > held+shareTolerance {
+		out = append(out, Breach{Reason: BreachOverShare, Evidence: fmt.Sprintf(
+			"NVML measures %.0f%% of GPU %d's time, the scheduler holds it to %.0f%%", e.ComputeShare*100, d, held*100)})
 	}
 	return out
 }
@@ -248,7 +261,7 @@ func (jd *judge) hold(k Key, fails []Breach, now time.Time) []Breach {
 			first = now
 			since[b.Reason] = now
 		}
-		if b.Reason == BreachBypass || b.Reason == BreachFalseClaim || now.Sub(first) >= sustain {
+		if now.Sub(first) >= sustainOf(b.Reason) {
 			out = append(out, b)
 		}
 	}
@@ -265,6 +278,18 @@ func (jd *judge) hold(k Key, fails []Breach, now time.Time) []Breach {
 		}
 	}
 	return out
+}
+
+// sustainOf is how long a reason's evidence must hold: a bypass and a false
+// claim are facts at once, comparisons of figures read apart need time.
+func sustainOf(reason string) time.Duration {
+	switch reason {
+	case BreachBypass, BreachFalseClaim:
+		return 0
+	case BreachOverShare:
+		return shareSustain
+	}
+	return sustain
 }
 
 // remember keeps an instant breach reported for `remember`.

@@ -103,3 +103,38 @@ func TestCompare(t *testing.T) {
 		})
 	}
 }
+
+// A container held to a share that NVML measures well above it, for long,
+// is in breach; a little above it, or not held (soft, high priority), is not.
+func TestOverShare(t *testing.T) {
+	k := Key{Cgroup: 7, GPU: 0}
+	l := &ledger{dir: "d", usage: &controlblock.UsageSnapshot{CgroupID: 7}}
+	for _, tt := range []struct {
+		name  string
+		held  map[Key]float64
+		share float64
+		want  bool
+	}{
+		{"a third held, a half used", map[Key]float64{k: 1. / 3}, 0.51, true},
+		{"within the tolerance", map[Key]float64{k: 1. / 3}, 0.45, false},
+		{"not held", nil, 0.9, false},
+	} {
+		j := &joiner{held: tt.held}
+		e := ContainerDevice{ComputeShare: tt.share, MemorySource: "ledger"}
+		if got := reasonsOf(j.compare(k, &e, l))[BreachOverShare]; got != tt.want {
+			t.Errorf("%s: over_share %v, want %v", tt.name, got, tt.want)
+		}
+	}
+	jd := newJudge()
+	over := []Breach{{Reason: BreachOverShare}}
+	t0 := time.Unix(1000, 0)
+	if got := jd.hold(k, over, t0); len(got) != 0 {
+		t.Errorf("an excess of one view is a breach: %v", got)
+	}
+	if got := jd.hold(k, over, t0.Add(sustain)); len(got) != 0 {
+		t.Errorf("an excess of %v is a breach: %v", sustain, got)
+	}
+	if got := jd.hold(k, over, t0.Add(shareSustain)); len(got) != 1 {
+		t.Errorf("an excess held %v is no breach: %v", shareSustain, got)
+	}
+}

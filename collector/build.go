@@ -22,6 +22,7 @@ type joiner struct {
 	uuids    map[int]string
 	labels   LabelFunc
 	procs    map[Key][]gpuProc // the processes NVML lists, by cgroup and device
+	held     map[Key]float64   // shares the scheduler holds containers to (Sources.Held)
 	seenPIDs map[int]gpuProc   // identified this time, kept for the next view
 }
 
@@ -218,6 +219,9 @@ func (j *joiner) identify(pid int) gpuProc {
 func (j *joiner) finish(ledgers map[uint64]*ledger, rejected []*ledger) {
 	for cg, l := range ledgers {
 		j.addLedger(cg, l)
+	}
+	if j.c.src.Held != nil {
+		j.held = j.c.src.Held()
 	}
 	if j.c.src.Rewinds != nil {
 		j.c.judge.enforcerRewinds(j.c.src.Rewinds(), j.v.Time)

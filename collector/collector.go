@@ -33,6 +33,10 @@ type Sources struct {
 	CgroupNSRoot string
 	// Targets gives the enforcer's target share (0-1) per cgroup and device.
 	Targets func() map[Key]float64
+	// Held gives the share (0-1) the scheduler holds each container to
+	// where it may not use more: gated, not borrowing (soft), not high
+	// priority, below the whole device.
+	Held func() map[Key]float64
 	// Rewinds gives, per cgroup and device, how many times the enforcer
 	// (which reads launch tickets every few milliseconds) saw a ledger's
 	// tickets go back.

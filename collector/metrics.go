@@ -43,7 +43,7 @@ var (
 	descUnenforced = containerDesc("unenforced",
 		"1 while the container is in breach: GPU activity seen without the interposer, or what the node saw contradicts its ledger; else 0.")
 	descBreach = containerDesc("breach",
-		"1 for each reason the container is in breach, while it is: bypass, over_limit, over_ledger, unledgered_process, bad_ledger, false_claim; absent otherwise.", "reason")
+		"1 for each reason the container is in breach, while it is: bypass, over_limit, over_ledger, unledgered_process, bad_ledger, false_claim, over_share; absent otherwise.", "reason")
 
 	descDeviceMemTotal = deviceDesc("memory_total_bytes", "The device's memory.")
 	descDeviceMemUsed  = deviceDesc("memory_used_bytes", "Memory in use on the device, all processes.")

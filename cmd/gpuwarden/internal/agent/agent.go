@@ -66,6 +66,12 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 			}
 			return nil
 		},
+		Held: func() map[collector.Key]float64 {
+			if e := a.enf.Load(); e != nil {
+				return e.held()
+			}
+			return nil
+		},
 		Rewinds: func() map[collector.Key]uint64 {
 			if e := a.enf.Load(); e != nil {
 				return e.rewinds()

@@ -296,6 +296,19 @@ func (e *enforcement) targets() map[collector.Key]float64 {
 	return out
 }
 
+// held gives the collector the share each container may not exceed: held
+// to by the gate, with no borrowing (soft) or priority to take more.
+func (e *enforcement) held() map[collector.Key]float64 {
+	out := map[collector.Key]float64{}
+	byKey := e.cgroups()
+	for _, st := range e.s.Status() {
+		if cg, ok := byKey[st.Key]; ok && st.Gated && st.Policy != policy.Soft && !st.High && st.Target > 0 && st.Target < 1 {
+			out[collector.Key{Cgroup: cg, GPU: st.Device}] = st.Target
+		}
+	}
+	return out
+}
+
 // rewinds gives the collector how many times the scheduler saw each
 // container's launch tickets go back, per device.
 func (e *enforcement) rewinds() map[collector.Key]uint64 {
