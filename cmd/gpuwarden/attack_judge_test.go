@@ -313,6 +313,32 @@ func TestAttackHiddenBypassBesideLedger(t *testing.T) {
 	agentServes(t, agent)
 }
 
+// Attack 3 with onBreach: kill: the breach names the process without a
+// ledger slot, and only it is killed; the container's process under the
+// interposer goes on. (The hidden process only holds a context: eBPF sees
+// no more memory than the ledger reserves, NVML sees the process.)
+func TestAttackHiddenProcessKilledAlone(t *testing.T) {
+	simtest.RequirePrivileged(t, "eBPF and cgroups")
+	m := simtest.NewMachine(t, 1, "16Gi")
+	agent := simtest.StartAgent(t, m, "GPUWARDEN_ENFORCEMENT_ON_BREACH=kill")
+	cg := simtest.NewCgroup(t, "hider")
+	ledgered := enforcedAlloc(t, m, agent, cg, "GPUWARDEN_MEMORY_LIMIT=1Gi")
+	ledgered.must(t, fmt.Sprint("alloc linear ", 256<<20))
+	hidden := startAllocProg(t, cg.Place(m.Command(simtest.Bin(t, "bpf/cuda-alloc")))) // LD_PRELOAD unset
+	hidden.must(t, "ctx 0")
+
+	wantBreach(t, agent, cg.Rel, collector.BreachUnledgered)
+	ev := wantEvent(t, agent, "killed", "", cg.Rel)
+	if len(ev.PIDs) != 1 || ev.PIDs[0] != hidden.p.Cmd.Process.Pid {
+		t.Errorf("killed %v, want only the hidden process %d", ev.PIDs, hidden.p.Cmd.Process.Pid)
+	}
+	if _, err := hidden.p.Wait(); err == nil {
+		t.Error("the hidden process exited cleanly; want killed")
+	}
+	ledgered.must(t, fmt.Sprint("alloc linear ", 256<<20)) // still alive, still held to its quota
+	agentServes(t, agent)
+}
+
 // Attack 3: a bypass through a renamed copy of libcuda: the eBPF scan finds
 // it by its exports, so the bytes are eBPF's, exact, not NVML's.
 func TestAttackRenamedLibcuda(t *testing.T) {
