@@ -8,18 +8,22 @@ import (
 
 	"github.com/gpuwarden/gpuwarden/bpf/observe"
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/collector/claims"
 	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 )
 
 // joiner accumulates one view's per-container entries.
 type joiner struct {
-	c       *Collector
-	live    map[uint64]bool // cgroups whose ledgers were read this time
-	v       *View
-	entries map[Key]*ContainerDevice
-	uuids   map[int]string
-	labels  LabelFunc
+	c        *Collector
+	live     map[uint64]bool // cgroups whose ledgers were read this time
+	v        *View
+	entries  map[Key]*ContainerDevice
+	uuids    map[int]string
+	labels   LabelFunc
+	procs    map[Key][]gpuProc // the processes NVML lists, by cgroup and device
+	held     map[Key]float64   // shares the scheduler holds containers to (Sources.Held)
+	seenPIDs map[int]gpuProc   // identified this time, kept for the next view
 }
 
 func (j *joiner) entry(cg uint64, gpu int) *ContainerDevice {
@@ -44,7 +48,7 @@ func (j *joiner) source(name string, err error) bool {
 
 func (c *Collector) build(ctx context.Context) *View {
 	j := &joiner{c: c, v: &View{Node: c.node, Time: time.Now()}, entries: map[Key]*ContainerDevice{},
-		uuids: map[int]string{}, live: map[uint64]bool{}}
+		uuids: map[int]string{}, live: map[uint64]bool{}, procs: map[Key][]gpuProc{}, seenPIDs: map[int]gpuProc{}}
 	var devs []nvmldev.Device
 	if c.src.NVML != nil {
 		var err error
@@ -60,9 +64,11 @@ func (c *Collector) build(ctx context.Context) *View {
 	if c.src.Labels != nil {
 		var err error
 		j.labels, err = c.src.Labels(ctx)
-		j.source("kubelet", err)
+		if j.source("kubelet", err) {
+			c.labels.Store(&j.labels)
+		}
 	}
-	ledgers := j.readLedgers()
+	ledgers, rejected := j.readLedgers()
 	if c.src.EBPF != nil {
 		snap, err := c.src.EBPF()
 		if j.source("ebpf", err) {
@@ -70,33 +76,37 @@ func (c *Collector) build(ctx context.Context) *View {
 		}
 	}
 	j.addNVML(devs)
-	j.finish(ledgers)
+	j.finish(ledgers, rejected)
 	return j.v
 }
 
 // ledger is one container's interposer ledger, as read this time.
 type ledger struct {
-	dir    string
-	usage  *controlblock.UsageSnapshot
-	limits *controlblock.LimitsConfig
+	dir     string
+	usage   *controlblock.UsageSnapshot
+	limits  *controlblock.LimitsConfig
+	refused error // why its cgroup claim was refused
 }
 
 // readLedgers reads every <controlDir>/<key>/usage. Ledgers are untrusted
-// (containers write them): one that fails validation is logged and skipped.
-func (j *joiner) readLedgers() map[uint64]*ledger {
-	out := map[uint64]*ledger{}
+// (containers write them): one that cannot be read is logged and skipped,
+// one whose cgroup claim is refused is returned apart, so the processes
+// that keep it can be found.
+func (j *joiner) readLedgers() (out map[uint64]*ledger, rejected []*ledger) {
+	out = map[uint64]*ledger{}
 	if j.c.src.ControlDir == "" {
-		return out
+		return out, nil
 	}
 	dirs, err := os.ReadDir(j.c.src.ControlDir)
 	if os.IsNotExist(err) {
 		err = nil // no container has run under the interposer yet
 	}
 	if !j.source("ledger", err) {
-		return out
+		return out, nil
 	}
 	seen := map[string]bool{}
 	defer j.c.ledgers.keep(seen)
+	defer j.c.judge.keepLedgers(seen)
 	for _, d := range dirs {
 		if !d.IsDir() {
 			continue
@@ -107,37 +117,38 @@ func (j *joiner) readLedgers() map[uint64]*ledger {
 			j.c.log.Debug("skipping ledger", "dir", d.Name(), "err", err)
 			continue
 		}
-		cg, ok := j.verifyCgroup(d.Name(), l.usage)
-		if !ok {
+		if j.c.src.Claims == nil {
 			continue
 		}
-		out[cg] = l
+		if _, err := j.c.src.Claims.Verify(d.Name(), l.usage, j.assigned()); err != nil {
+			j.c.log.Debug("ledger's cgroup claim refused", "dir", d.Name(), "cgroup", l.usage.CgroupID, "err", err)
+			l.refused = err
+			rejected = append(rejected, l)
+			continue
+		}
+		if out[l.usage.CgroupID] != nil {
+			j.c.log.Warn("two ledgers vouch for one cgroup; the second is ignored", "dir", d.Name(), "cgroup", l.usage.CgroupID)
+			continue
+		}
+		out[l.usage.CgroupID] = l
+		j.c.judge.rewound(d.Name(), l.usage.CgroupID, l.usage, j.v.Time)
 	}
-	return out
+	return out, rejected
 }
 
-// verifyCgroup decides which cgroup a ledger speaks for. The ledger names
-// its cgroup, but a container writes it: the claim stands only if the
-// cgroup exists and the directory is the one the interposer derives from
-// that cgroup's path (or the labeller knows the directory).
-func (j *joiner) verifyCgroup(dir string, u *controlblock.UsageSnapshot) (uint64, bool) {
-	if j.c.src.Cgroups == nil || u.CgroupID == 0 {
-		return 0, false
+// assigned is the kubelet's word on a directory, for claims.Verify.
+func (j *joiner) assigned() claims.Assigned {
+	if j.labels == nil {
+		return nil
 	}
-	path, ok := j.c.src.Cgroups.Path(u.CgroupID)
-	if !ok {
-		return 0, false // the container is gone; its files stay for the agent's GC
+	return assignedBy(j.labels)
+}
+
+func assignedBy(labels LabelFunc) claims.Assigned {
+	return func(dir, path string) bool {
+		_, _, _, ok := labels(dir, path)
+		return ok
 	}
-	if controlblock.ContainerKey(path) == dir {
-		return u.CgroupID, true
-	}
-	if j.labels != nil {
-		if _, _, _, ok := j.labels(dir, path); ok {
-			return u.CgroupID, true
-		}
-	}
-	j.c.log.Warn("ledger names a cgroup it does not belong to", "dir", dir, "cgroup", u.CgroupID, "path", path)
-	return 0, false
 }
 
 func (j *joiner) addEBPF(s observe.Snapshot) {
@@ -177,6 +188,7 @@ func (j *joiner) addNVML(devs []nvmldev.Device) {
 				continue
 			}
 			e := j.entry(cg, d.Index)
+			j.procs[Key{cg, d.Index}] = append(j.procs[Key{cg, d.Index}], j.identify(int(p.PID)))
 			e.CgroupPath = path
 			e.ComputeShare += p.Utilization
 			e.PIDs = append(e.PIDs, int(p.PID))
@@ -189,11 +201,32 @@ func (j *joiner) addNVML(devs []nvmldev.Device) {
 	}
 }
 
+// identify tells a GPU process's pid in its namespace and start time, read
+// once while NVML keeps listing the pid. A pid reused meanwhile keeps the
+// old identity until it drops out of the list: at worst a process judged
+// by its predecessor's slot; a kill checks the start time again.
+func (j *joiner) identify(pid int) gpuProc {
+	p, ok := j.c.procIDs[pid]
+	if !ok {
+		id, err := claims.Identify(j.c.src.ProcRoot, pid)
+		p = gpuProc{hostPID: pid, id: id, ok: err == nil}
+	}
+	j.seenPIDs[pid] = p
+	return p
+}
+
 // finish merges the ledgers, names every container and fills the view.
-func (j *joiner) finish(ledgers map[uint64]*ledger) {
+func (j *joiner) finish(ledgers map[uint64]*ledger, rejected []*ledger) {
 	for cg, l := range ledgers {
 		j.addLedger(cg, l)
 	}
+	if j.c.src.Held != nil {
+		j.held = j.c.src.Held()
+	}
+	if j.c.src.Rewinds != nil {
+		j.c.judge.enforcerRewinds(j.c.src.Rewinds(), j.v.Time)
+	}
+	j.judgeAll(ledgers, rejected, j.v.Time)
 	var targets map[Key]float64
 	if j.c.src.Targets != nil {
 		targets = j.c.src.Targets()
@@ -224,6 +257,7 @@ func (j *joiner) finish(ledgers map[uint64]*ledger) {
 			delete(j.c.totals, cg) // the container is gone, and its series with it
 		}
 	}
+	j.c.procIDs = j.seenPIDs
 	j.v.sort()
 }
 

@@ -5,10 +5,12 @@ import (
 	"log/slog"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/gpuwarden/gpuwarden/bpf/observe"
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/collector/claims"
 	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 )
@@ -21,14 +23,24 @@ type Sources struct {
 	// Labels names a container from its ledger directory and cgroup path
 	// (Kubernetes: the kubelet's pod-resources answer); nil or false: the
 	// labels come from the cgroup path.
-	Labels   func(ctx context.Context) (LabelFunc, error)
-	Cgroups  *cgroups.Resolver
+	Labels  func(ctx context.Context) (LabelFunc, error)
+	Cgroups *cgroups.Resolver
+	// Claims checks each ledger's cgroup claim; nil: no ledger is believed.
+	Claims   *claims.Verifier
 	ProcRoot string
 	// CgroupNSRoot is the host path of the agent's cgroup namespace root,
 	// which processes' cgroup paths are relative to ("" or "/": none).
 	CgroupNSRoot string
 	// Targets gives the enforcer's target share (0-1) per cgroup and device.
 	Targets func() map[Key]float64
+	// Held gives the share (0-1) the scheduler holds each container to
+	// where it may not use more: gated, not borrowing (soft), not high
+	// priority, below the whole device.
+	Held func() map[Key]float64
+	// Rewinds gives, per cgroup and device, how many times the enforcer
+	// (which reads launch tickets every few milliseconds) saw a ledger's
+	// tickets go back.
+	Rewinds func() map[Key]uint64
 }
 
 // LabelFunc names the container of a ledger directory or cgroup path.
@@ -52,6 +64,9 @@ type Collector struct {
 	last    *View
 	totals  map[uint64]*controlblock.ProcTotals // per cgroup: launches and throttled time
 	ledgers ledgerFiles
+	judge   judge
+	procIDs map[int]gpuProc           // GPU processes identified, by host pid
+	labels  atomic.Pointer[LabelFunc] // the last view's, for Assigned
 }
 
 // New makes a collector for a node.
@@ -60,7 +75,7 @@ func New(node, version string, src Sources, log *slog.Logger) *Collector {
 		src.ProcRoot = "/proc"
 	}
 	return &Collector{node: node, src: src, version: version, log: log, maxAge: time.Second,
-		totals: map[uint64]*controlblock.ProcTotals{}}
+		totals: map[uint64]*controlblock.ProcTotals{}, judge: newJudge()}
 }
 
 // View returns the current view, reading the sources at most once per
@@ -93,6 +108,16 @@ func (c *Collector) logBadLedgers(bad []BadLedger) {
 			c.log.Warn("ledger refused: the container's control block is broken", "dir", b.Dir, "err", b.Error)
 		}
 	}
+}
+
+// Assigned is the kubelet's assignment of control directories as of the
+// last view, for claims.Verify; nil off Kubernetes.
+func (c *Collector) Assigned() claims.Assigned {
+	l := c.labels.Load()
+	if l == nil || *l == nil {
+		return nil
+	}
+	return assignedBy(*l)
 }
 
 func goVersion() string { return runtime.Version() }

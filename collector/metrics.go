@@ -41,7 +41,9 @@ var (
 	descLimit = containerDesc("compute_limit_ratio",
 		"The container's target share of the device's time, 0-1; absent when it has none.")
 	descUnenforced = containerDesc("unenforced",
-		"1 while GPU activity of the container is seen without the interposer (bypass), else 0.")
+		"1 while the container is in breach: GPU activity seen without the interposer, or what the node saw contradicts its ledger; else 0.")
+	descBreach = containerDesc("breach",
+		"1 for each reason the container is in breach, while it is: bypass, over_limit, over_ledger, unledgered_process, bad_ledger, false_claim, over_share; absent otherwise.", "reason")
 
 	descDeviceMemTotal = deviceDesc("memory_total_bytes", "The device's memory.")
 	descDeviceMemUsed  = deviceDesc("memory_used_bytes", "Memory in use on the device, all processes.")

@@ -10,7 +10,7 @@ import (
 // Describe sends every metric's description.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descMemoryUsed, descMemoryLimit, descAllocFailures, descLaunches,
-		descThrottled, descShare, descLimit, descUnenforced, descDeviceMemTotal, descDeviceMemUsed, descDeviceUtil,
+		descThrottled, descShare, descLimit, descUnenforced, descBreach, descDeviceMemTotal, descDeviceMemUsed, descDeviceUtil,
 		descProbeEvents, descProbeLost, descBuildInfo, descSourceUp} {
 		ch <- d
 	}
@@ -42,6 +42,9 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descLimit, gauge, e.ComputeLimit, l...)
 		}
 		ch <- prometheus.MustNewConstMetric(descUnenforced, gauge, boolFloat(e.Unenforced), l...)
+		for _, b := range e.Breaches {
+			ch <- prometheus.MustNewConstMetric(descBreach, gauge, 1, append(l, b.Reason)...)
+		}
 	}
 	if v.probesOn {
 		ch <- prometheus.MustNewConstMetric(descProbeEvents, counter, float64(v.probeEvents), v.Node)

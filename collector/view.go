@@ -17,10 +17,13 @@ type ContainerDevice struct {
 	CgroupPath string `json:"cgroupPath"`
 
 	// Enforced: the interposer keeps a ledger for the container.
-	// Unenforced: GPU activity was seen (eBPF or NVML) without one.
-	Enforced     bool `json:"enforced"`
-	Unenforced   bool `json:"unenforced"`
-	HighPriority bool `json:"highPriority"`
+	// Unenforced: the container is in breach (Breaches says why): GPU
+	// activity without a ledger, or a ledger that what the node saw
+	// contradicts.
+	Enforced     bool     `json:"enforced"`
+	Unenforced   bool     `json:"unenforced"`
+	Breaches     []Breach `json:"breaches,omitempty"`
+	HighPriority bool     `json:"highPriority"`
 
 	MemoryUsedBytes uint64 `json:"memoryUsedBytes"`
 	// MemorySource says where MemoryUsedBytes comes from: ebpf, nvml or ledger.

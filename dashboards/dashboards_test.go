@@ -19,6 +19,7 @@ var alertScope = map[string][]string{
 	"GPUMemoryAllocationsDeniedQuota": {"namespace", "pod", "container", "gpu", "node"},
 	"GPUComputeThrottledHeavily":      {"namespace", "pod", "container", "gpu", "node"},
 	"GPUContainerUnenforced":          {"namespace", "pod", "container", "gpu", "node"},
+	"GPUContainerBreach":              {"namespace", "pod", "container", "gpu", "node"},
 	"GPUMemoryQuotaOvercommitted":     {"gpu", "node"},
 	"GPUWardenAgentDown":              {"instance"},
 	"GPUWardenProbeEventsLost":        {"node"},

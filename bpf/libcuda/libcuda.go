@@ -126,27 +126,48 @@ func ParseMaps(data []byte) []MapsEntry {
 
 // Scan reads every process's maps under procRoot (normally /proc) and
 // returns one Mapping per distinct libcuda file (by the first process found
-// mapping it). The calling process is left out: the agent maps every
+// mapping it), each time reading every other file's ELF symbols anew:
+// a Scanner remembers them.
+func Scan(procRoot string) (map[FileID]Mapping, error) {
+	return NewScanner(procRoot).Scan()
+}
+
+// Scanner finds the libcuda files processes map: by name, and by what they
+// export (a renamed copy). It remembers, by device and inode, which other
+// executable files are drivers, so each file's symbols are read once.
+type Scanner struct {
+	procRoot string
+	driver   map[string]bool // "dev inode" as maps shows them
+}
+
+// NewScanner scans the processes under procRoot.
+func NewScanner(procRoot string) *Scanner {
+	return &Scanner{procRoot: procRoot, driver: map[string]bool{}}
+}
+
+// Scan returns one Mapping per distinct libcuda file (by the first process
+// found mapping it). The calling process is left out: the agent maps every
 // container's control block, and its maps would cost more to read than all
 // the others'.
-func Scan(procRoot string) (map[FileID]Mapping, error) {
-	ents, err := os.ReadDir(procRoot)
+func (s *Scanner) Scan() (map[FileID]Mapping, error) {
+	ents, err := os.ReadDir(s.procRoot)
 	if err != nil {
 		return nil, fmt.Errorf("scan processes: %w", err)
 	}
-	self, _ := os.Readlink(filepath.Join(procRoot, "self")) // our pid as procRoot numbers it
+	self, _ := os.Readlink(filepath.Join(s.procRoot, "self")) // our pid as procRoot numbers it
 	found := map[FileID]Mapping{}
+	known := make(map[string]bool, len(s.driver))
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid <= 0 || e.Name() == self {
 			continue
 		}
-		data, err := os.ReadFile(filepath.Join(procRoot, e.Name(), "maps"))
+		data, err := os.ReadFile(filepath.Join(s.procRoot, e.Name(), "maps"))
 		if err != nil {
 			continue // gone, or a kernel thread
 		}
-		for _, m := range ParseMaps(data) {
-			mp, ok := open(procRoot, pid, m)
+		for _, m := range append(ParseMaps(data), s.renamed(pid, data, known)...) {
+			mp, ok := open(s.procRoot, pid, m)
 			if !ok {
 				continue
 			}
@@ -155,7 +176,30 @@ func Scan(procRoot string) (map[FileID]Mapping, error) {
 			}
 		}
 	}
+	s.driver = known // files no process maps any more are forgotten
 	return found, nil
+}
+
+// renamed returns the executable mappings of a process that are driver
+// libraries under another name, reading a file's symbols only the first
+// time it is seen.
+func (s *Scanner) renamed(pid int, data []byte, known map[string]bool) []MapsEntry {
+	var out []MapsEntry
+	for _, m := range execMappings(data) {
+		is, ok := known[m.file]
+		if !ok {
+			if is, ok = s.driver[m.file]; !ok {
+				if mp, opened := open(s.procRoot, pid, m.MapsEntry); opened {
+					is = ExportsDriver(mp.OpenPath)
+				}
+			}
+			known[m.file] = is
+		}
+		if is {
+			out = append(out, m.MapsEntry)
+		}
+	}
+	return out
 }
 
 // open finds a path the agent can open the mapped file by: the map_files

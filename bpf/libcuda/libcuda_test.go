@@ -7,6 +7,9 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
 
 func TestParseLdconfig(t *testing.T) {
@@ -96,5 +99,62 @@ func TestScanFixture(t *testing.T) {
 	m, ok := found[id]
 	if len(found) != 1 || !ok || m.PID != 42 || m.OpenPath != lib || m.Path != "/opt/libcuda.so.1" {
 		t.Errorf("Scan = %+v, want one mapping of %s by pid 42", found, lib)
+	}
+}
+
+// A renamed copy of the driver, loaded by a real process, is found by what
+// it exports; the interposer, which exports the same entry points to hook
+// them, is not taken for a driver.
+func TestScanFindsRenamedDriver(t *testing.T) {
+	copyPath := filepath.Join(t.TempDir(), "libtotally-not-cuda.so")
+	b, err := os.ReadFile(simtest.Bin(t, "simgpu/libcuda.so.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(copyPath, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	m := simtest.NewMachine(t, 1, "1Gi")
+	start := func(preload string) int {
+		cmd := m.Command("sleep", "30")
+		cmd.Env = append(cmd.Env, "LD_PRELOAD="+preload)
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+		return cmd.Process.Pid
+	}
+	renamed := start(copyPath)
+	start(simtest.Bin(t, "libgpuwarden.so"))
+	time.Sleep(200 * time.Millisecond) // the dynamic linker maps the preloads
+
+	s := NewScanner("/proc")
+	for round := 0; round < 2; round++ { // the second scan answers from what the first learnt
+		found, err := s.Scan()
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, _ := Identify(copyPath)
+		if got, ok := found[id]; !ok || got.PID != renamed || got.Path != copyPath {
+			t.Errorf("scan %d: the renamed driver was not found: %+v", round, got)
+		}
+		for _, mp := range found {
+			if strings.Contains(mp.Path, "libgpuwarden") {
+				t.Errorf("scan %d: the interposer was taken for a driver: %+v", round, mp)
+			}
+		}
+	}
+}
+
+func TestExportsDriver(t *testing.T) {
+	for path, want := range map[string]bool{
+		simtest.Bin(t, "simgpu/libcuda.so.1"):      true,
+		simtest.Bin(t, "libgpuwarden.so"):          false,
+		simtest.Bin(t, "simgpu/libnvidia-ml.so.1"): false,
+		filepath.Join(t.TempDir(), "absent.so"):    false,
+	} {
+		if got := ExportsDriver(path); got != want {
+			t.Errorf("ExportsDriver(%s) = %v, want %v", path, got, want)
+		}
 	}
 }

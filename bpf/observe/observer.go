@@ -33,6 +33,7 @@ type Observer struct {
 	drops  atomic.Uint64 // failed-allocation events the reader did not take in time
 
 	configured []string // configured library paths, with ldconfig's at start
+	scanner    *libcuda.Scanner
 
 	mu   sync.Mutex
 	libs map[libcuda.FileID]*attached
@@ -80,9 +81,10 @@ func Start(cfg Config) (*Observer, error) {
 	}
 	o := &Observer{
 		cfg: cfg, log: log, probes: p,
-		failed: make(chan FailedAlloc, cfg.FailedAllocBuffer),
-		libs:   map[libcuda.FileID]*attached{},
-		stop:   make(chan struct{}),
+		failed:  make(chan FailedAlloc, cfg.FailedAllocBuffer),
+		libs:    map[libcuda.FileID]*attached{},
+		scanner: libcuda.NewScanner(cfg.ProcRoot),
+		stop:    make(chan struct{}),
 	}
 	// Processes that died while no agent watched leave the view now.
 	o.reapDead()
@@ -256,7 +258,7 @@ func (o *Observer) attach(id libcuda.FileID, info Library) {
 // detaches from scanned ones no process has mapped for two scans.
 func (o *Observer) scan() {
 	o.attachConfigured()
-	found, err := libcuda.Scan(o.cfg.ProcRoot)
+	found, err := o.scanner.Scan()
 	if err != nil {
 		o.log.Warn("scan processes for libcuda", "err", err)
 		return

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -16,6 +17,7 @@ import (
 	"unsafe"
 
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/collector/claims"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 )
 
@@ -24,8 +26,9 @@ func init() { benchSuites["agent"] = benchSuite{order: 40, run: benchAgent} }
 const benchContainers = 1000
 
 // benchAgent measures the agent at 1,000 containers: each a real cgroup
-// with an interposer ledger (copies of one real process's ledger, pointed
-// at its cgroup), NVML and eBPF on. It prints the scrape time, the agent's
+// with a live process and an interposer ledger (copies of one real
+// process's ledger, pointed at its cgroup and its process, so the agent
+// verifies every claim), NVML and eBPF on. It prints the scrape time, the agent's
 // RSS, and its CPU at a 15 s scrape interval.
 func benchAgent(o benchOptions, stdout io.Writer) error {
 	if os.Geteuid() != 0 {
@@ -42,7 +45,12 @@ func benchAgent(o benchOptions, stdout io.Writer) error {
 		return err
 	}
 	defer removeBenchCgroups(parent, rels)
-	if err := fillLedgers(m, ctl, parent, rels); err != nil {
+	sleepers, err := startSleepers(parent, rels)
+	defer stopSleepers(sleepers)
+	if err != nil {
+		return err
+	}
+	if err := fillLedgers(m, ctl, parent, rels, sleepers); err != nil {
 		return err
 	}
 
@@ -169,10 +177,39 @@ func removeBenchCgroups(parent string, rels []string) {
 	_ = os.Remove(parent)
 }
 
+// startSleepers starts one idle process in each cgroup: the process a
+// container's ledger names in its slot.
+func startSleepers(parent string, rels []string) ([]*exec.Cmd, error) {
+	mnt := filepath.Dir(parent)
+	var cmds []*exec.Cmd
+	for _, rel := range rels {
+		fd, err := syscall.Open(filepath.Join(mnt, rel), syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+		if err != nil {
+			return cmds, err
+		}
+		cmd := exec.Command("sleep", "3600")
+		cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
+		err = cmd.Start()
+		syscall.Close(fd)
+		if err != nil {
+			return cmds, fmt.Errorf("start a container's process: %w", err)
+		}
+		cmds = append(cmds, cmd)
+	}
+	return cmds, nil
+}
+
+func stopSleepers(cmds []*exec.Cmd) {
+	for _, c := range cmds {
+		_ = c.Process.Kill()
+		_ = c.Wait()
+	}
+}
+
 // fillLedgers runs one process under the interposer for a template ledger,
-// then writes a copy for every cgroup, naming that cgroup and holding
-// memory on the device.
-func fillLedgers(m *simMachine, ctl, parent string, rels []string) error {
+// then writes a copy for every cgroup, naming that cgroup, its process (in
+// a live slot) and memory held on the device.
+func fillLedgers(m *simMachine, ctl, parent string, rels []string, procs []*exec.Cmd) error {
 	fd, err := syscall.Open(filepath.Join(filepath.Dir(parent), rels[0]), syscall.O_RDONLY|syscall.O_DIRECTORY, 0)
 	if err != nil {
 		return err
@@ -201,6 +238,11 @@ func fillLedgers(m *simMachine, ctl, parent string, rels []string) error {
 		u.CgroupPath = [controlblock.CgroupPathMax]byte{}
 		copy(u.CgroupPath[:], rel)
 		u.ReservedBytes[0] = uint64(i%8+1) << 28
+		start, err := claims.StartTime("/proc", procs[i].Process.Pid)
+		if err != nil {
+			return err
+		}
+		u.Slots[0] = controlblock.Slot{State: controlblock.SlotLive, Pid: int32(procs[i].Process.Pid), StartTime: start}
 		key := controlblock.ContainerKey(rel)
 		if err := os.MkdirAll(filepath.Join(ctl, key), 0o755); err != nil {
 			return err

@@ -251,8 +251,8 @@ func printShares(out io.Writer, cs []*demoContainer, prev, cur demoLaunches) {
 			quota = fmt.Sprintf("%dMiB", e.MemoryLimitBytes>>20)
 		}
 		enforced := "yes"
-		if e.Unenforced {
-			enforced = "NO (bypass)"
+		if len(e.Breaches) > 0 {
+			enforced = "NO (" + e.Breaches[0].Reason + ")"
 		}
 		rows = append(rows, fmt.Sprintf("%s\t%dMiB\t%s\t%s\t%.0f%%\t%s\t%s\t", c.name, e.MemoryUsedBytes>>20, quota, rate,
 			e.ComputeShare*100, target, enforced))

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpuwarden/gpuwarden/collector"
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/collector/claims"
 	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
 )
 
@@ -54,6 +55,7 @@ func openLocal(controlDir, nvmlLibrary string) (*localView, error) {
 
 	if root, err := cgroups.Mount("/proc/self/mountinfo"); err == nil {
 		src.Cgroups = cgroups.NewResolver(root)
+		src.Claims = claims.NewVerifier(src.Cgroups, root, src.ProcRoot)
 	} else {
 		l.notes = append(l.notes, fmt.Sprintf("cgroup v2 not found (%v): the control blocks cannot be checked against their cgroups and are not shown.", err))
 	}

@@ -210,6 +210,12 @@ func HostPath(nsRoot, p string) string {
 	return path.Join("/", nsRoot, p)
 }
 
+// Within says whether cgroup p is root or lies under it.
+func Within(p, root string) bool {
+	p, root = path.Clean("/"+p), path.Clean("/"+root)
+	return root == "/" || p == root || strings.HasPrefix(p, root+"/")
+}
+
 // NamespaceRoot finds the host path of the caller's cgroup namespace root:
 // the cgroup2 mount of the caller's own view (its namespace's root) looked
 // up in r, the resolver of the host's tree. Outside a namespace it is "/".

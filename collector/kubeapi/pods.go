@@ -21,6 +21,7 @@ import (
 // Pod is what the agent needs of a pod.
 type Pod struct {
 	Namespace, Name string
+	UID             string // the pod's uid, which its cgroup paths carry
 	Annotations     map[string]string
 }
 
@@ -85,6 +86,7 @@ func (c *Client) PodsOnNode(ctx context.Context, node string) ([]Pod, error) {
 			Metadata struct {
 				Namespace   string            `json:"namespace"`
 				Name        string            `json:"name"`
+				UID         string            `json:"uid"`
 				Annotations map[string]string `json:"annotations"`
 			} `json:"metadata"`
 		} `json:"items"`
@@ -97,7 +99,8 @@ func (c *Client) PodsOnNode(ctx context.Context, node string) ([]Pod, error) {
 	}
 	pods := make([]Pod, 0, len(list.Items))
 	for _, it := range list.Items {
-		pods = append(pods, Pod{Namespace: it.Metadata.Namespace, Name: it.Metadata.Name, Annotations: it.Metadata.Annotations})
+		pods = append(pods, Pod{Namespace: it.Metadata.Namespace, Name: it.Metadata.Name, UID: it.Metadata.UID,
+			Annotations: it.Metadata.Annotations})
 	}
 	return pods, nil
 }

@@ -54,11 +54,19 @@ func TestLabelsByAllocationDir(t *testing.T) {
 		{Namespace: "ml", Pod: "trainer-1", Container: "main", Resource: "gpuwarden.io/gpu", DeviceIDs: []string{"c"}},
 	}
 	dirName := func(ids []string) string { return "alloc-" + strings.Join(ids, "+") }
-	label := kubelet.Labels(as, dirName)
+	const uid1 = "1f0c2a4e-5b6d-4e8f-9a0b-1c2d3e4f5a6b"
+	uids := func(ns, pod string) string { return map[string]string{"ml/trainer-1": uid1}[ns+"/"+pod] }
+	label := kubelet.Labels(as, dirName, uids)
 	if ns, pod, c, ok := label("alloc-b+a", "/kubepods/x"); !ok || ns != "ml" || pod != "trainer-0" || c != "main" {
-		t.Errorf("label(alloc-b+a) = %q %q %q %v", ns, pod, c, ok)
+		t.Errorf("label(alloc-b+a) = %q %q %q %v (the pod's uid unknown: its cgroup is not checked)", ns, pod, c, ok)
 	}
 	if _, _, _, ok := label("alloc-z", "/kubepods/y"); ok {
 		t.Error("a directory no assignment names was labelled")
+	}
+	if _, pod, _, ok := label("alloc-c", "/kubepods/burstable/pod"+uid1+"/"+strings.Repeat("ab", 32)); !ok || pod != "trainer-1" {
+		t.Errorf("label(alloc-c) in its pod's cgroup = %q %v", pod, ok)
+	}
+	if _, _, _, ok := label("alloc-c", "/kubepods/burstable/pod2f0c2a4e-5b6d-4e8f-9a0b-1c2d3e4f5a6b/x"); ok {
+		t.Error("a directory was taken for a cgroup of another pod")
 	}
 }

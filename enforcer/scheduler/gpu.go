@@ -75,7 +75,8 @@ type member struct {
 	measIssued uint64  // tickets at the last measurement
 	lastBusy   uint64
 	haveBusy   bool
-	seen       bool // the source has reported device time for it
+	seen       bool   // the source has reported device time for it
+	rewinds    uint64 // times its ledger's tickets went back
 	achieved   float64
 
 	// Since the last reconciliation: what it was charged on estimates, the
@@ -277,8 +278,9 @@ func (g *gpu) ownerIdle(now time.Time, cfg Config) bool {
 // waits. It says whether the member's busy state changed.
 func (g *gpu) observe(m *member, now time.Time) bool {
 	issued, grant := m.c.usage.Issued(g.dev), m.c.limits.Grant(g.dev)
-	if issued < m.lastIssued { // a new ledger: start counting again
+	if issued < m.lastIssued { // a forged (or reset) ledger: start counting again
 		m.lastIssued, m.charged, m.measIssued = issued, issued, issued
+		m.rewinds++
 	}
 	// A ticket counts as taken when its launch passes the gate: a launch
 	// that waited since long ago has only now begun.

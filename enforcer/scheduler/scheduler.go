@@ -118,6 +118,10 @@ type Status struct {
 	ThrottledSeconds float64 // time its launches waited at the gate, all processes, ever (monotonic)
 	Launches         uint64  // gate tickets taken on the device
 	CostNs           float64 // estimated device time per ticket
+	// Rewinds counts the times the container's ledger showed fewer tickets
+	// than before: a forged launches_issued, which lets its launches up to
+	// the grant through unthrottled until measured device time is charged.
+	Rewinds uint64
 }
 
 // ErrUnknownContainer is returned for a key that was never added.
@@ -334,7 +338,7 @@ func (s *Scheduler) Status() []Status {
 			out = append(out, Status{Key: m.c.key, Device: g.dev, Policy: g.eff, Gated: g.eff.Gated(), Busy: m.busy,
 				Weight: m.c.eff.Weight, CapPercent: m.c.eff.CapPercent, High: m.c.eff.High,
 				Target: m.target, Achieved: m.achieved, ThrottledSeconds: float64(m.c.throttledNow()) / 1e9,
-				Launches: m.lastIssued, CostNs: m.cost})
+				Launches: m.lastIssued, CostNs: m.cost, Rewinds: m.rewinds})
 		}
 	}
 	sort.Slice(out, func(i, j int) bool {

@@ -6,7 +6,9 @@ import (
 	"strconv"
 	"testing"
 	"time"
+	"unsafe"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/enforcer/policy"
 	"github.com/gpuwarden/gpuwarden/enforcer/scheduler"
 	"github.com/gpuwarden/gpuwarden/enforcer/scheduler/simrun"
@@ -302,6 +304,36 @@ func TestWakesAmongManyIdle(t *testing.T) {
 	for _, st := range r.Sched.Status() {
 		if st.Key == "a" && st.Launches == 0 {
 			t.Errorf("a took no tickets: %+v", st)
+		}
+	}
+}
+
+// TestRewoundTicketsBuyNothing: a container that writes 0 over its ledger's
+// launches_issued may run its launches up to its grant unthrottled, but the
+// device time they take is measured and charged: over the next seconds it
+// gets no more than its share (a launch that waited at the gate with its old
+// ticket waits on: it may get less), its partner keeps its own, and the
+// scheduler counts the rewind.
+func TestRewoundTicketsBuyNothing(t *testing.T) {
+	r := start(t, scheduler.GPUSettings{})
+	spawn(t, r, named(claims("GPUWARDEN_COMPUTE_WEIGHT=1"), "a", busyWork(14)),
+		named(claims("GPUWARDEN_COMPUTE_WEIGHT=2"), "b", busyWork(14)))
+	time.Sleep(3 * time.Second) // tickets, and so the grant, grow
+	f, err := os.OpenFile(r.UsagePath("a"), os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var u controlblock.Usage
+	if _, err := f.WriteAt(make([]byte, 8), int64(unsafe.Offsetof(u.LaunchesIssued))); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	s := shares(t, r, 0, 8*time.Second)
+	within(t, "a (weight 1 of 1:2, rewound)", s["a"], 0, 0.42)
+	within(t, "b (weight 2 of 1:2)", s["b"], 0.5, 1.01)
+	for _, st := range r.Sched.Status() {
+		if st.Key == "a" && st.Rewinds == 0 {
+			t.Errorf("the scheduler did not count a's rewind: %+v", st)
 		}
 	}
 }

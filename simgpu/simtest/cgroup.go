@@ -48,6 +48,12 @@ func NewCgroup(t testing.TB, name string) *Cgroup {
 	return c
 }
 
+// CgroupAt is a cgroup the test made itself (a nested one, say) and removes
+// itself: fd is its open directory, for Place.
+func CgroupAt(path, rel string, id uint64, fd int) *Cgroup {
+	return &Cgroup{Path: path, Rel: rel, ID: id, fd: fd}
+}
+
 // Place makes cmd start inside the cgroup (clone3 with CLONE_INTO_CGROUP), so
 // the process is in it from its first instruction.
 func (c *Cgroup) Place(cmd *exec.Cmd) *exec.Cmd {

@@ -45,6 +45,7 @@ func StartTestServer(t testing.TB) *TestServer {
 		type meta struct {
 			Namespace   string            `json:"namespace"`
 			Name        string            `json:"name"`
+			UID         string            `json:"uid,omitempty"`
 			Annotations map[string]string `json:"annotations,omitempty"`
 		}
 		type item struct {
@@ -55,7 +56,7 @@ func StartTestServer(t testing.TB) *TestServer {
 			Items []item `json:"items"`
 		}{Kind: "PodList", Items: []item{}}
 		for _, p := range s.pods[node] {
-			list.Items = append(list.Items, item{meta{p.Namespace, p.Name, p.Annotations}})
+			list.Items = append(list.Items, item{meta{p.Namespace, p.Name, p.UID, p.Annotations}})
 		}
 		_ = json.NewEncoder(w).Encode(list)
 	}))

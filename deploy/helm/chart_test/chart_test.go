@@ -473,6 +473,7 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		{"maxInst a string", map[string]any{"config": map[string]any{"devicePlugin": map[string]any{"maxInst": "4"}}}, "maxInst"},
 		{"bad preload", map[string]any{"config": map[string]any{"devicePlugin": map[string]any{"preload": "LD_PRELOAD"}}}, "preload"},
 		{"bad bypass action", map[string]any{"config": map[string]any{"enforcement": map[string]any{"onBypass": "kill"}}}, "onBypass"},
+		{"bad breach action", map[string]any{"config": map[string]any{"enforcement": map[string]any{"onBreach": "explode"}}}, "onBreach"},
 		{"grace period not a duration", map[string]any{"config": map[string]any{"enforcement": map[string]any{"gracePeriod": "ten seconds"}}}, "gracePeriod"},
 		{"relative control dir", map[string]any{"config": map[string]any{"controlDir": "run/gpuwarden"}}, "controlDir"},
 		{"control dir grace not a duration", map[string]any{"config": map[string]any{"controlDirGrace": "-5m"}}, "controlDirGrace"},

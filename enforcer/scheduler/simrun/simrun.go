@@ -127,6 +127,9 @@ func withSource(cfg scheduler.Config, run *Run) *scheduler.Scheduler {
 
 func (r *Run) ctl(name string) string { return filepath.Join(r.root, name) }
 
+// UsagePath is a container's ledger.
+func (r *Run) UsagePath(name string) string { return controlblock.UsagePath(r.ctl(name), r.key) }
+
 // closedGate is a new container's limits: its launches wait until the
 // scheduler grants them, and a stalled test does not let them through.
 func (r *Run) closedGate() controlblock.LimitsConfig {

@@ -22,6 +22,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/config"
 	"github.com/gpuwarden/gpuwarden/collector"
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/collector/claims"
 	"github.com/gpuwarden/gpuwarden/collector/kubelet"
 	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
 	"github.com/gpuwarden/gpuwarden/deploy/deviceplugin"
@@ -60,10 +61,27 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 	resolver, cgroupFS := a.startCgroups()
 	a.resolver = resolver
 	a.nsRoot = a.cgroupNamespaceRoot(resolver)
-	src := collector.Sources{ControlDir: cfg.ControlDir, Cgroups: resolver, ProcRoot: cfg.Paths.Proc, CgroupNSRoot: a.nsRoot,
+	// One verifier of ledgers' claims serves the collector and the enforcer.
+	var verifier *claims.Verifier
+	if resolver != nil {
+		verifier = claims.NewVerifier(resolver, cgroupFS, cfg.Paths.Proc)
+	}
+	src := collector.Sources{ControlDir: cfg.ControlDir, Cgroups: resolver, Claims: verifier, ProcRoot: cfg.Paths.Proc, CgroupNSRoot: a.nsRoot,
 		Targets: func() map[collector.Key]float64 {
 			if e := a.enf.Load(); e != nil {
 				return e.targets()
+			}
+			return nil
+		},
+		Held: func() map[collector.Key]float64 {
+			if e := a.enf.Load(); e != nil {
+				return e.held()
+			}
+			return nil
+		},
+		Rewinds: func() map[collector.Key]uint64 {
+			if e := a.enf.Load(); e != nil {
+				return e.rewinds()
 			}
 			return nil
 		}}
@@ -79,7 +97,8 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 			src.EBPF = a.observer.Snapshot
 		}
 	}
-	if labels := a.startKubelet(); labels != nil {
+	pods := a.startAnnotations(node) // nil off Kubernetes
+	if labels := a.startKubelet(pods); labels != nil {
 		src.Labels = labels
 	}
 	a.coll = collector.New(node, version, src, log)
@@ -94,7 +113,7 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 		a.startDevicePlugin(ctx)
 	}
 	if cfg.Enforcement.Enabled && resolver != nil {
-		a.enf.Store(a.startEnforcement(resolver, cgroupFS, node))
+		a.enf.Store(a.startEnforcement(resolver, verifier, cgroupFS, pods))
 	}
 	if (cfg.DevicePlugin.Enabled || cfg.Enforcement.Enabled) && cfg.ControlDirGrace > 0 {
 		a.startSweeping(resolver)

@@ -11,15 +11,16 @@ import (
 	"github.com/gpuwarden/gpuwarden/enforcer/scheduler"
 )
 
-// podAnnotations keeps the annotations of this node's pods, read from the
-// API server at most every refresh: the kubelet gives device plugins none.
+// podAnnotations keeps the annotations (and uids) of this node's pods, read
+// from the API server at most every refresh: the kubelet gives device
+// plugins no annotations, and its pod-resources answer no uids.
 type podAnnotations struct {
 	client  *kubeapi.Client
 	node    string
 	refresh time.Duration
 
 	mu      sync.Mutex
-	byPod   map[string]map[string]string // "namespace/name" -> annotations
+	byPod   map[string]kubeapi.Pod // by "namespace/name"
 	fetched time.Time
 }
 
@@ -42,6 +43,20 @@ func (a *Agent) startAnnotations(node string) *podAnnotations {
 
 // of returns a pod's annotations, refreshing the list when it is old.
 func (p *podAnnotations) of(ctx context.Context, a *Agent, namespace, pod string) (map[string]string, bool) {
+	pd, ok := p.pod(ctx, a, namespace, pod)
+	return pd.Annotations, ok
+}
+
+// uid returns a pod's uid, "" when unknown (nil p: off the API server).
+func (p *podAnnotations) uid(ctx context.Context, a *Agent, namespace, pod string) string {
+	if p == nil {
+		return ""
+	}
+	pd, _ := p.pod(ctx, a, namespace, pod)
+	return pd.UID
+}
+
+func (p *podAnnotations) pod(ctx context.Context, a *Agent, namespace, pod string) (kubeapi.Pod, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if time.Since(p.fetched) > p.refresh {
@@ -50,15 +65,15 @@ func (p *podAnnotations) of(ctx context.Context, a *Agent, namespace, pod string
 		if err != nil {
 			a.log.Warn("cannot list pods for their annotations", "err", err)
 		} else {
-			p.byPod = make(map[string]map[string]string, len(pods))
+			p.byPod = make(map[string]kubeapi.Pod, len(pods))
 			for _, pd := range pods {
-				p.byPod[pd.Namespace+"/"+pd.Name] = pd.Annotations
+				p.byPod[pd.Namespace+"/"+pd.Name] = pd
 			}
 		}
 		p.fetched = time.Now()
 	}
-	ann, ok := p.byPod[namespace+"/"+pod]
-	return ann, ok
+	pd, ok := p.byPod[namespace+"/"+pod]
+	return pd, ok
 }
 
 // applyAnnotations holds each container of a pod to its pod's

@@ -118,7 +118,7 @@ func (e *enforcement) register(mux *http.ServeMux, token string) {
 			writeJSON(w, gpuInfo(e.s.GPU(dev)))
 		}
 	})
-	mux.HandleFunc("GET /api/v1/events", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, e.bypass.list()) })
+	mux.HandleFunc("GET /api/v1/events", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, e.breaches.list()) })
 }
 
 // maxChangeBody bounds a change's body: a change is a few fields.
@@ -284,9 +284,9 @@ func (e *enforcement) changeContainer(w http.ResponseWriter, r *http.Request) {
 // unfreeze thaws a cgroup the agent froze, named by its path (bypassing
 // containers have no control block to be named by).
 func (e *enforcement) unfreeze(w http.ResponseWriter, path string) {
-	e.bypass.mu.Lock()
-	frozen := e.bypass.frozen[path]
-	e.bypass.mu.Unlock()
+	e.breaches.mu.Lock()
+	frozen := e.breaches.frozen[path]
+	e.breaches.mu.Unlock()
 	if !frozen {
 		httpError(w, http.StatusNotFound, fmt.Sprintf("the agent froze no cgroup %s (see gpuwarden ctl events)", bounded(path)))
 		return
@@ -295,7 +295,7 @@ func (e *enforcement) unfreeze(w http.ResponseWriter, path string) {
 		httpError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	e.bypass.record(Event{Kind: "unfrozen", Cgroup: path, Message: "unfrozen by gpuwarden ctl"})
+	e.breaches.record(Event{Kind: "unfrozen", Cgroup: path, Message: "unfrozen by gpuwarden ctl"})
 	writeJSON(w, ChangeResult{Container: path})
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpuwarden/gpuwarden/collector"
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/collector/claims"
 	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/enforcer/policy"
@@ -18,21 +19,22 @@ import (
 
 // enforcement puts every container that runs the interposer under the
 // scheduler (creating its `limits`, so the interposer switches to the
-// agent's budgets), applies the changes `gpuwarden ctl` makes, and flags or
-// freezes cgroups that use a GPU without the interposer.
+// agent's budgets), applies the changes `gpuwarden ctl` makes, and reports,
+// freezes or kills containers in breach.
 type enforcement struct {
 	a        *Agent
 	s        *scheduler.Scheduler
 	resolver *cgroups.Resolver
+	claims   *claims.Verifier
 	cgroupFS string
 	settings *settingsStore
 	pods     *podAnnotations // nil off Kubernetes
 
-	mu      sync.Mutex
-	members map[string]*member // by control-block directory
-	bypass  bypassWatch
-	stop    context.CancelFunc
-	done    chan struct{}
+	mu       sync.Mutex
+	members  map[string]*member // by control-block directory
+	breaches breachWatch
+	stop     context.CancelFunc
+	done     chan struct{}
 }
 
 // member is one container under the scheduler.
@@ -47,16 +49,16 @@ type member struct {
 	annotated scheduler.Settings
 }
 
-func (a *Agent) startEnforcement(resolver *cgroups.Resolver, cgroupFS, node string) *enforcement {
+func (a *Agent) startEnforcement(resolver *cgroups.Resolver, verifier *claims.Verifier, cgroupFS string, pods *podAnnotations) *enforcement {
 	store, err := loadSettings(a.cfg.Enforcement.StateFile)
 	if err != nil {
 		a.parts.set("enforcer", true, err)
 		a.log.Error("enforcer not started: its saved settings cannot be read", "err", err)
 		return nil
 	}
-	e := &enforcement{a: a, resolver: resolver, cgroupFS: cgroupFS, settings: store, pods: a.startAnnotations(node),
+	e := &enforcement{a: a, resolver: resolver, claims: verifier, cgroupFS: cgroupFS, settings: store, pods: pods,
 		members: map[string]*member{}, done: make(chan struct{})}
-	e.bypass.init()
+	e.breaches.init()
 	var src scheduler.Source
 	if a.cfg.NVML.Enabled {
 		if r, err := nvmldev.Open(a.cfg.NVML.Library); err == nil {
@@ -106,7 +108,7 @@ func (e *enforcement) loop(ctx context.Context) {
 	defer close(e.done)
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
-	// New containers are taken on every round; bypasses and annotations,
+	// New containers are taken on every round; breaches and annotations,
 	// which need the whole view (a scrape's work: 70 ms of CPU at 1,000
 	// containers), every 8th.
 	for round := 0; ; round++ {
@@ -114,7 +116,7 @@ func (e *enforcement) loop(ctx context.Context) {
 		if round%8 == 0 {
 			v := e.a.coll.View(ctx)
 			e.applyAnnotations(ctx, v)
-			e.checkBypass(v)
+			e.checkBreaches(v)
 		}
 		select {
 		case <-ctx.Done():
@@ -156,17 +158,11 @@ func (e *enforcement) track(dir string) error {
 	if err != nil {
 		return err
 	}
-	path, ok := e.resolver.Path(u.CgroupID)
-	if !ok {
-		return fmt.Errorf("cgroup %d is gone", u.CgroupID)
-	}
-	// A ledger is the container's word: it is believed for the directory
-	// its cgroup path leads to, or for a directory the device plugin made
-	// (it wrote the limits there before the container started).
-	if controlblock.ContainerKey(path) != dir {
-		if _, err := os.Stat(controlblock.LimitsPath(cd, dir)); err != nil {
-			return fmt.Errorf("ledger names cgroup %s, which does not lead to %s", path, dir)
-		}
+	// A ledger is the container's word: the same rule as the collector's
+	// decides whether it speaks for the cgroup it names.
+	path, err := e.claims.Verify(dir, u, e.a.coll.Assigned())
+	if err != nil {
+		return fmt.Errorf("cgroup claim refused: %w", err)
 	}
 	var devices []int
 	for d := 0; d < u.NDev; d++ {
@@ -276,18 +272,50 @@ func sameInts(a, b []int) bool {
 // targets gives the collector each container's target share per device.
 func (e *enforcement) targets() map[collector.Key]float64 {
 	out := map[collector.Key]float64{}
-	e.mu.Lock()
-	byKey := make(map[string]uint64, len(e.members))
-	for k, m := range e.members {
-		byKey[k] = m.cgroup
-	}
-	e.mu.Unlock()
+	byKey := e.cgroups()
 	for _, st := range e.s.Status() {
 		if cg, ok := byKey[st.Key]; ok && st.Target > 0 && st.Policy != policy.Native {
 			out[collector.Key{Cgroup: cg, GPU: st.Device}] = st.Target
 		}
 	}
 	return out
+}
+
+// held gives the collector the share each container may not exceed: held
+// to by the gate, with no borrowing (soft) or priority to take more.
+func (e *enforcement) held() map[collector.Key]float64 {
+	out := map[collector.Key]float64{}
+	byKey := e.cgroups()
+	for _, st := range e.s.Status() {
+		if cg, ok := byKey[st.Key]; ok && st.Gated && st.Policy != policy.Soft && !st.High && st.Target > 0 && st.Target < 1 {
+			out[collector.Key{Cgroup: cg, GPU: st.Device}] = st.Target
+		}
+	}
+	return out
+}
+
+// rewinds gives the collector how many times the scheduler saw each
+// container's launch tickets go back, per device.
+func (e *enforcement) rewinds() map[collector.Key]uint64 {
+	out := map[collector.Key]uint64{}
+	byKey := e.cgroups()
+	for _, st := range e.s.Status() {
+		if cg, ok := byKey[st.Key]; ok {
+			out[collector.Key{Cgroup: cg, GPU: st.Device}] = st.Rewinds
+		}
+	}
+	return out
+}
+
+// cgroups maps each member's directory to its cgroup id.
+func (e *enforcement) cgroups() map[string]uint64 {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	byKey := make(map[string]uint64, len(e.members))
+	for k, m := range e.members {
+		byKey[k] = m.cgroup
+	}
+	return byKey
 }
 
 func (e *enforcement) close() error {

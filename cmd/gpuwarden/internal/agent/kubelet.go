@@ -13,7 +13,7 @@ import (
 // startKubelet connects to the kubelet's pod-resources API when its socket
 // exists; off Kubernetes there is none and containers are labelled by
 // their cgroup paths.
-func (a *Agent) startKubelet() func(context.Context) (collector.LabelFunc, error) {
+func (a *Agent) startKubelet(pods *podAnnotations) func(context.Context) (collector.LabelFunc, error) {
 	sock := a.cfg.Kubelet.PodResourcesSocket
 	if sock == "" {
 		return nil
@@ -36,6 +36,7 @@ func (a *Agent) startKubelet() func(context.Context) (collector.LabelFunc, error
 		if err != nil {
 			return nil, err
 		}
-		return kubelet.Labels(as, allocation.DirName), nil
+		uid := func(namespace, pod string) string { return pods.uid(ctx, a, namespace, pod) }
+		return kubelet.Labels(as, allocation.DirName, uid), nil
 	}
 }

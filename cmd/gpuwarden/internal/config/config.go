@@ -45,7 +45,8 @@ type Config struct {
 	} `mapstructure:"nvml"`
 	Enforcement struct {
 		Enabled      bool          `mapstructure:"enabled"`
-		OnBypass     string        `mapstructure:"onBypass"`
+		OnBreach     string        `mapstructure:"onBreach"`
+		OnBypass     string        `mapstructure:"onBypass"` // deprecated: OnBreach
 		APITokenFile string        `mapstructure:"apiTokenFile"`
 		StateFile    string        `mapstructure:"stateFile"`
 		GracePeriod  time.Duration `mapstructure:"gracePeriod"`
@@ -104,7 +105,8 @@ var options = []option{
 	{"nvml.enabled", true, "", "read devices, per-process memory and utilization through NVML"},
 	{"nvml.library", "", "", "path of libnvidia-ml.so.1; empty: the system's"},
 	{"enforcement.enabled", true, "", "run the enforcer: budgets, limits and bypass detection"},
-	{"enforcement.onBypass", "report", "", "what to do with a cgroup that uses a GPU without the interposer: report, or freeze it (cgroup.freeze)"},
+	{"enforcement.onBreach", "report", "", "what to do with a container in breach (a bypass, more memory seen than its quota or ledger, a GPU process without a ledger slot, a forged ledger): report, freeze its cgroup (cgroup.freeze; never the agent's own or an ancestor of it), or kill the offending processes (SIGKILL)"},
+	{"enforcement.onBypass", "", "", "deprecated, read as enforcement.onBreach when that is left at report: report or freeze"},
 	{"enforcement.apiTokenFile", "/run/gpuwarden-agent/token", "", "the token `gpuwarden ctl` must present to change limits (made at start, mode 0600); changes are taken only from loopback"},
 	{"enforcement.stateFile", "/var/lib/gpuwarden/settings.json", "", "where changes made with `gpuwarden ctl` are kept, so they outlive an agent restart"},
 	{"enforcement.gracePeriod", 10 * time.Second, "", "how long the interposer keeps the last launch budgets after the agent stops answering, before it runs ungated (1s-1h; memory limits hold regardless)"},
@@ -287,8 +289,13 @@ func (c Config) Validate() error {
 	if g := c.Enforcement.GracePeriod; g < time.Second || g > time.Hour {
 		errs = append(errs, fmt.Errorf("enforcement.gracePeriod %v: want 1s-1h (a dead agent must not stop the workloads for long)", g))
 	}
-	if c.Enforcement.OnBypass != "report" && c.Enforcement.OnBypass != "freeze" {
-		errs = append(errs, fmt.Errorf("enforcement.onBypass %q: want report or freeze", c.Enforcement.OnBypass))
+	switch c.Enforcement.OnBreach {
+	case BreachReport, BreachFreeze, BreachKill:
+	default:
+		errs = append(errs, fmt.Errorf("enforcement.onBreach %q: want report, freeze or kill", c.Enforcement.OnBreach))
+	}
+	if b := c.Enforcement.OnBypass; b != "" && b != BreachReport && b != BreachFreeze {
+		errs = append(errs, fmt.Errorf("enforcement.onBypass %q: want report or freeze", b))
 	}
 	if c.Paths.Proc == "" {
 		errs = append(errs, errors.New("paths.proc is empty"))
@@ -321,6 +328,22 @@ func (c Config) Validate() error {
 		return fmt.Errorf("invalid configuration: %w", err)
 	}
 	return nil
+}
+
+// What the agent does with a container in breach (enforcement.onBreach).
+const (
+	BreachReport = "report"
+	BreachFreeze = "freeze"
+	BreachKill   = "kill"
+)
+
+// BreachAction is enforcement.onBreach, or the deprecated onBypass where
+// onBreach is left at report.
+func (c Config) BreachAction() string {
+	if c.Enforcement.OnBreach == BreachReport && c.Enforcement.OnBypass != "" {
+		return c.Enforcement.OnBypass
+	}
+	return c.Enforcement.OnBreach
 }
 
 // Reference renders the reference table of every key, for the README.

@@ -33,7 +33,7 @@ func TestDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.HTTP.Listen != ":9477" || c.ControlDir != "/run/gpuwarden" || !c.EBPF.Enabled || !c.Enforcement.Enabled ||
-		c.EBPF.LaunchPeriod != 30*time.Second || c.Enforcement.OnBypass != "report" || c.ControlDirGrace != 5*time.Minute {
+		c.EBPF.LaunchPeriod != 30*time.Second || c.BreachAction() != "report" || c.ControlDirGrace != 5*time.Minute {
 		t.Errorf("defaults = %+v", c)
 	}
 	if dp := c.DevicePlugin; dp.Enabled || dp.MaxInst != 4 || dp.KubeletDir != "/var/lib/kubelet/device-plugins" ||
@@ -79,6 +79,7 @@ func TestRefusesBadConfig(t *testing.T) {
 		{"bad duration", "ebpf:\n  launchWindow: soon\n", nil, "launchWindow"},
 		{"window over period", "ebpf:\n  launchWindow: 1m\n", nil, "ebpf.launchWindow"},
 		{"bad bypass action", "enforcement:\n  onBypass: kill\n", nil, `enforcement.onBypass "kill"`},
+		{"bad breach action", "enforcement:\n  onBreach: explode\n", nil, `enforcement.onBreach "explode"`},
 		{"grace period 0", "enforcement:\n  gracePeriod: 0s\n", nil, "enforcement.gracePeriod 0s"},
 		{"grace period too long", "", []string{"GPUWARDEN_ENFORCEMENT_GRACE_PERIOD=2h"}, "enforcement.gracePeriod 2h0m0s"},
 		{"negative controlDirGrace", "", []string{"GPUWARDEN_CONTROL_DIR_GRACE=-1s"}, "controlDirGrace -1s is negative"},
@@ -130,5 +131,26 @@ func TestReadmeReferenceIsCurrent(t *testing.T) {
 	}
 	if got := s[i+len(begin) : j]; got != Reference() {
 		t.Errorf("README.md's configuration table is stale; run `go run ./cmd/gpuwarden agent --print-config-reference` and paste:\n%s", Reference())
+	}
+}
+
+// TestBreachAction: onBypass, deprecated, still freezes where onBreach is
+// left at report; onBreach set otherwise wins.
+func TestBreachAction(t *testing.T) {
+	for _, tc := range []struct {
+		file, want string
+	}{
+		{"", "report"},
+		{"enforcement:\n  onBypass: freeze\n", "freeze"},
+		{"enforcement:\n  onBreach: kill\n", "kill"},
+		{"enforcement:\n  onBreach: kill\n  onBypass: freeze\n", "kill"},
+	} {
+		c, err := load(t, tc.file, nil)
+		if err != nil {
+			t.Fatalf("%q: %v", tc.file, err)
+		}
+		if got := c.BreachAction(); got != tc.want {
+			t.Errorf("%q: BreachAction() = %q, want %q", tc.file, got, tc.want)
+		}
 	}
 }

@@ -1,0 +1,239 @@
+package agent
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/config"
+	"github.com/gpuwarden/gpuwarden/collector"
+	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/collector/claims"
+)
+
+// Event is something the enforcer saw or did, for /api/v1/events.
+type Event struct {
+	Time      time.Time `json:"time"`
+	Kind      string    `json:"kind"` // breach, frozen, killed, unfrozen
+	Reason    string    `json:"reason,omitempty"`
+	Cgroup    string    `json:"cgroup"`
+	Namespace string    `json:"namespace,omitempty"`
+	Pod       string    `json:"pod,omitempty"`
+	Container string    `json:"container,omitempty"`
+	GPU       int       `json:"gpu"`
+	PIDs      []int     `json:"pids,omitempty"`
+	Message   string    `json:"message"`
+}
+
+// breachWatch remembers which breaches were reported (and which cgroups
+// frozen), and keeps the latest events.
+type breachWatch struct {
+	mu      sync.Mutex
+	flagged map[string]bool // cgroup path + reason
+	frozen  map[string]bool
+	events  []Event
+}
+
+const maxEvents = 200
+
+func (b *breachWatch) init() {
+	b.flagged, b.frozen = map[string]bool{}, map[string]bool{}
+}
+
+func (b *breachWatch) record(ev Event) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	ev.Time = time.Now()
+	b.events = append(b.events, ev)
+	if len(b.events) > maxEvents {
+		b.events = b.events[len(b.events)-maxEvents:]
+	}
+}
+
+func (b *breachWatch) list() []Event {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return append([]Event{}, b.events...)
+}
+
+// fresh marks the view's breaches as reported and returns those that were
+// not yet; a breach that ends is forgotten, so its return is reported again.
+func (b *breachWatch) fresh(v *collector.View) []breachAt {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := map[string]bool{}
+	var out []breachAt
+	for _, c := range v.Containers {
+		if c.CgroupPath == "" {
+			continue
+		}
+		for _, br := range c.Breaches {
+			k := c.CgroupPath + "\x00" + br.Reason
+			if !now[k] && !b.flagged[k] {
+				out = append(out, breachAt{c: c, b: br})
+			}
+			now[k] = true
+		}
+	}
+	b.flagged = now
+	return out
+}
+
+// breachAt is one breach of one container.
+type breachAt struct {
+	c collector.ContainerDevice
+	b collector.Breach
+}
+
+// checkBreaches reports each new breach the collector's view shows (a log
+// line and an event with the evidence) and, as enforcement.onBreach says,
+// freezes the container's cgroup or kills the offending processes.
+func (e *enforcement) checkBreaches(v *collector.View) {
+	for _, f := range e.breaches.fresh(v) {
+		c, b := f.c, f.b
+		ev := Event{Kind: "breach", Reason: b.Reason, Cgroup: c.CgroupPath, Namespace: c.Namespace, Pod: c.Pod,
+			Container: c.Container, GPU: c.GPU, PIDs: pidsOf(b.Procs), Message: b.Reason + ": " + b.Evidence}
+		e.a.log.Warn("container in breach", "reason", b.Reason, "evidence", b.Evidence, "cgroup", c.CgroupPath,
+			"pod", c.Pod, "container", c.Container, "gpu", c.GPU)
+		e.breaches.record(ev)
+		e.act(ev, b)
+	}
+}
+
+// act applies enforcement.onBreach to one breach.
+func (e *enforcement) act(ev Event, b collector.Breach) {
+	switch e.a.cfg.BreachAction() {
+	case config.BreachFreeze:
+		if err := e.freeze(ev.Cgroup, true); err != nil {
+			e.a.log.Error("cannot freeze a cgroup in breach", "cgroup", ev.Cgroup, "err", err)
+			return
+		}
+		ev.Kind, ev.Message = "frozen", "frozen: "+ev.Message
+	case config.BreachKill:
+		pids, err := e.kill(ev.Cgroup, b.Procs)
+		if err != nil {
+			e.a.log.Error("cannot kill a container in breach", "cgroup", ev.Cgroup, "err", err)
+			return
+		}
+		ev.Kind, ev.PIDs, ev.Message = "killed", pids, "killed: "+ev.Message
+	default:
+		return
+	}
+	e.a.log.Warn("container in breach stopped", "action", ev.Kind, "cgroup", ev.Cgroup, "pids", ev.PIDs)
+	e.breaches.record(ev)
+}
+
+// stoppable refuses the cgroups the agent must never freeze or kill: the
+// root, its own, and any ancestor of its own.
+func (e *enforcement) stoppable(path string) error {
+	if path == "/" || path == "" {
+		return errors.New("the root cgroup is never stopped")
+	}
+	own, err := cgroups.OfProcess(e.a.cfg.Paths.Proc, os.Getpid())
+	if err != nil {
+		return fmt.Errorf("cannot tell the agent's own cgroup: %w", err)
+	}
+	own = cgroups.HostPath(e.a.nsRoot, own)
+	if cgroups.Within(own, path) {
+		return fmt.Errorf("cgroup %s holds the agent (%s): never stopped", path, own)
+	}
+	return nil
+}
+
+// freeze freezes or thaws a cgroup (cgroup v2 cgroup.freeze).
+func (e *enforcement) freeze(path string, on bool) error {
+	if on {
+		if err := e.stoppable(path); err != nil {
+			return err
+		}
+	}
+	val := "0"
+	if on {
+		val = "1"
+	}
+	if err := os.WriteFile(filepath.Join(e.cgroupDir(path), "cgroup.freeze"), []byte(val), 0); err != nil {
+		return fmt.Errorf("freeze %s: %w", path, err)
+	}
+	e.breaches.mu.Lock()
+	defer e.breaches.mu.Unlock()
+	if on {
+		e.breaches.frozen[path] = true
+	} else {
+		delete(e.breaches.frozen, path) // still flagged: not frozen again while the breach lasts
+	}
+	return nil
+}
+
+// kill SIGKILLs the offending processes: those named, else every process
+// of the cgroup (cgroup.kill). It returns the pids killed.
+func (e *enforcement) kill(path string, procs []collector.Process) ([]int, error) {
+	if err := e.stoppable(path); err != nil {
+		return nil, err
+	}
+	if len(procs) == 0 {
+		b, _ := os.ReadFile(filepath.Join(e.cgroupDir(path), "cgroup.procs"))
+		if err := os.WriteFile(filepath.Join(e.cgroupDir(path), "cgroup.kill"), []byte("1"), 0); err != nil {
+			return nil, fmt.Errorf("kill %s: %w", path, err)
+		}
+		return fieldsInts(string(b)), nil
+	}
+	var killed []int
+	var errs []error
+	for _, p := range procs {
+		if err := e.killIn(path, p); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		killed = append(killed, p.PID)
+	}
+	return killed, errors.Join(errs...)
+}
+
+// killIn SIGKILLs a process if it is still the one judged (same start
+// time) and still in the cgroup. The pidfd pins the process before both
+// are read, so a pid reused meanwhile is never signalled.
+func (e *enforcement) killIn(path string, p collector.Process) error {
+	pid := p.PID
+	fd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return fmt.Errorf("open pid %d: %w", pid, err)
+	}
+	defer unix.Close(fd)
+	if st, err := claims.StartTime(e.a.cfg.Paths.Proc, pid); err != nil || st != p.StartTime {
+		return fmt.Errorf("pid %d is no longer the process judged", pid)
+	}
+	now, err := cgroups.OfProcess(e.a.cfg.Paths.Proc, pid)
+	if err != nil || cgroups.HostPath(e.a.nsRoot, now) != path {
+		return fmt.Errorf("pid %d is no longer in %s", pid, path)
+	}
+	if err := unix.PidfdSendSignal(fd, syscall.SIGKILL, nil, 0); err != nil {
+		return fmt.Errorf("kill pid %d: %w", pid, err)
+	}
+	return nil
+}
+
+func fieldsInts(s string) []int {
+	var out []int
+	for _, f := range strings.Fields(s) {
+		var n int
+		if _, err := fmt.Sscan(f, &n); err == nil {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func pidsOf(ps []collector.Process) []int {
+	out := make([]int, len(ps))
+	for i, p := range ps {
+		out[i] = p.PID
+	}
+	return out
+}

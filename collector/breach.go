@@ -1,0 +1,320 @@
+package collector
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/gpuwarden/gpuwarden/collector/claims"
+	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+)
+
+// Why a container is in breach: the label `reason` of
+// gpuwarden_container_breach. What the node saw (eBPF, NVML) judges what
+// the container's ledger says.
+const (
+	// BreachBypass: GPU activity of a cgroup that keeps no ledger at all.
+	BreachBypass = "bypass"
+	// BreachOverLimit: the node saw the container hold more than its quota.
+	BreachOverLimit = "over_limit"
+	// BreachOverLedger: the node saw it hold more than its ledger reserves.
+	BreachOverLedger = "over_ledger"
+	// BreachUnledgered: a process of the cgroup uses the GPU from no live
+	// slot of its ledger (a second libcuda, a child without the interposer).
+	BreachUnledgered = "unledgered_process"
+	// BreachBadLedger: the ledger's counters went backwards or are
+	// impossible (slots holding more than the container reserves).
+	BreachBadLedger = "bad_ledger"
+	// BreachFalseClaim: a process of the cgroup keeps a ledger that names
+	// another cgroup.
+	BreachFalseClaim = "false_claim"
+	// BreachOverShare: the device time measured (NVML) stays above the share
+	// the scheduler holds the container to.
+	BreachOverShare = "over_share"
+)
+
+// BreachReasons lists every reason, for help texts and tests.
+var BreachReasons = []string{BreachBypass, BreachOverLimit, BreachOverLedger, BreachUnledgered, BreachBadLedger, BreachFalseClaim,
+	BreachOverShare}
+
+// Breach is one reason a container is in breach, with what shows it.
+type Breach struct {
+	Reason   string `json:"reason"`
+	Evidence string `json:"evidence"`
+	// Procs are the offending processes when the breach names them;
+	// empty: the whole cgroup.
+	Procs []Process `json:"processes,omitempty"`
+}
+
+// Process is a host process, told from a later one with its pid by its
+// start time (clock ticks since boot).
+type Process struct {
+	PID       int    `json:"pid"`
+	StartTime uint64 `json:"startTime"`
+}
+
+const (
+	// memoryTolerance is what the node may see above a ledger or a quota
+	// without a breach: a context's own memory, and the moment between a
+	// free and its ledger update.
+	memoryTolerance = 64 << 20
+	// sustain is how long a comparison must fail before it is a breach, so
+	// two reads a few microseconds apart never make one.
+	sustain = 2 * time.Second
+	// remember keeps an instant breach (a counter that went back) reported
+	// for this long, so alerts and scrapes see it.
+	remember = time.Minute
+	// shareTolerance and shareSustain: a share measured over a second
+	// lags the scheduler's targets when containers start and stop, so only
+	// a wide excess held for long is a breach.
+	shareTolerance = 0.15
+	shareSustain   = 10 * time.Second
+)
+
+// judge keeps what breach detection needs between views.
+type judge struct {
+	since    map[Key]map[string]time.Time // a failing comparison's first sight
+	instant  map[Key]map[string]Breach    // instant breaches and when they end
+	until    map[Key]map[string]time.Time
+	launches map[string]ledgerMarks // by ledger directory
+	rewinds  map[Key]uint64         // the enforcer's count, as last seen
+}
+
+// ledgerMarks are a ledger's counters that never go back.
+type ledgerMarks struct {
+	cgroup   uint64
+	launches [controlblock.MaxDevices]uint64
+}
+
+func newJudge() judge {
+	return judge{since: map[Key]map[string]time.Time{}, instant: map[Key]map[string]Breach{},
+		until: map[Key]map[string]time.Time{}, launches: map[string]ledgerMarks{}, rewinds: map[Key]uint64{}}
+}
+
+// gpuProc is a process NVML lists on a device, as the agent identified it.
+type gpuProc struct {
+	hostPID int
+	id      claims.Proc
+	ok      bool // identified (else it exited meanwhile)
+}
+
+// judgeAll sets every entry's breaches and Unenforced.
+func (j *joiner) judgeAll(ledgers map[uint64]*ledger, rejected []*ledger, now time.Time) {
+	jd := &j.c.judge
+	seen := map[Key]bool{}
+	for k, e := range j.entries {
+		seen[k] = true
+		var fails []Breach
+		if l := ledgers[k.Cgroup]; l != nil {
+			fails = j.compare(k, e, l)
+		} else if e.Unenforced {
+			fails = append(fails, Breach{Reason: BreachBypass, Evidence: "GPU activity without the interposer"})
+		}
+		fails = append(fails, j.falseClaims(k, rejected)...)
+		e.Breaches = jd.hold(k, fails, now)
+		e.Unenforced = len(e.Breaches) > 0
+	}
+	jd.forget(seen)
+}
+
+// compare judges a container's ledger against what the node saw.
+func (j *joiner) compare(k Key, e *ContainerDevice, l *ledger) []Breach {
+	var out []Breach
+	d := k.GPU
+	seen := e.MemoryUsedBytes
+	tol := uint64(memoryTolerance)
+	if e.MemorySource == "nvml" {
+		tol *= uint64(1 + len(e.PIDs)) // NVML counts each process's context
+	}
+	unaccounted := e.MemorySource != "ledger" && seen > e.LedgerBytes+tol
+	// Held above the quota but within the ledger is a limit lowered below
+	// what the container holds (it keeps it): no breach.
+	if unaccounted && e.MemoryLimitBytes > 0 && seen > e.MemoryLimitBytes+tol {
+		out = append(out, Breach{Reason: BreachOverLimit, Evidence: fmt.Sprintf(
+			"%s sees %d bytes held on GPU %d, quota %d", e.MemorySource, seen, d, e.MemoryLimitBytes)})
+	}
+	if unaccounted {
+		out = append(out, Breach{Reason: BreachOverLedger, Evidence: fmt.Sprintf(
+			"%s sees %d bytes held on GPU %d, the ledger reserves %d", e.MemorySource, seen, d, e.LedgerBytes)})
+	}
+	if b, ok := j.unledgered(k, l); ok {
+		out = append(out, b)
+	}
+	if b, ok := impossible(d, l.usage); ok {
+		out = append(out, b)
+	}
+	if held, ok := j.held[k]; ok && e.ComputeShare > held+shareTolerance {
+		out = append(out, Breach{Reason: BreachOverShare, Evidence: fmt.Sprintf(
+			"NVML measures %.0f%% of GPU %d's time, the scheduler holds it to %.0f%%", e.ComputeShare*100, d, held*100)})
+	}
+	return out
+}
+
+// unledgered finds processes of the cgroup that NVML lists on the device
+// but no live slot of the ledger names.
+func (j *joiner) unledgered(k Key, l *ledger) (Breach, bool) {
+	var ps []Process
+	for _, p := range j.procs[k] {
+		if p.ok && !claims.InSlots(p.id, l.usage.Procs) {
+			ps = append(ps, Process{p.hostPID, p.id.StartTime})
+		}
+	}
+	if len(ps) == 0 {
+		return Breach{}, false
+	}
+	return Breach{Reason: BreachUnledgered, Procs: ps, Evidence: fmt.Sprintf(
+		"processes %v use GPU %d from no slot of ledger %s", pidsOf(ps), k.GPU, l.dir)}, true
+}
+
+// impossible says whether a ledger contradicts itself: its slots hold more
+// than the container reserves (the interposer reserves first, and releases
+// last), or the validation dropped fields.
+func impossible(d int, u *controlblock.UsageSnapshot) (Breach, bool) {
+	if len(u.Problems) > 0 {
+		return Breach{Reason: BreachBadLedger, Evidence: fmt.Sprintf("ledger fails validation: %v", u.Problems)}, true
+	}
+	var slots uint64
+	for _, p := range u.Procs {
+		slots += p.Bytes[d]
+	}
+	if slots > u.ReservedBytes[d] {
+		return Breach{Reason: BreachBadLedger, Evidence: fmt.Sprintf(
+			"ledger's processes hold %d bytes on GPU %d, it reserves %d", slots, d, u.ReservedBytes[d])}, true
+	}
+	return Breach{}, false
+}
+
+// rewound reports a ledger whose launch tickets went back: a reset lifts
+// the launch gate until the next true-up.
+func (jd *judge) rewound(dir string, cg uint64, u *controlblock.UsageSnapshot, now time.Time) {
+	prev, had := jd.launches[dir]
+	jd.launches[dir] = ledgerMarks{cgroup: cg, launches: u.LaunchesIssued}
+	if !had || prev.cgroup != cg {
+		return
+	}
+	for d := 0; d < controlblock.MaxDevices; d++ {
+		if u.LaunchesIssued[d] < prev.launches[d] {
+			jd.remember(Key{cg, d}, Breach{Reason: BreachBadLedger, Evidence: fmt.Sprintf(
+				"ledger %s: launches issued on GPU %d went back from %d to %d", dir, d, prev.launches[d], u.LaunchesIssued[d])}, now)
+		}
+	}
+}
+
+// enforcerRewinds reports the ledgers whose tickets the enforcer saw go
+// back since the last view: it reads them every tick, where a view (at
+// most once a second) misses a reset the container's launches overtake.
+func (jd *judge) enforcerRewinds(counts map[Key]uint64, now time.Time) {
+	for k, n := range counts {
+		if n > jd.rewinds[k] { // counted since the scheduler took the container on
+			jd.remember(k, Breach{Reason: BreachBadLedger, Evidence: fmt.Sprintf(
+				"the enforcer saw the ledger's launch tickets on GPU %d go back (%d times)", k.GPU, n)}, now)
+		}
+	}
+	jd.rewinds = counts
+}
+
+// keepLedgers drops the marks of directories not in seen.
+func (jd *judge) keepLedgers(seen map[string]bool) {
+	for dir := range jd.launches {
+		if !seen[dir] {
+			delete(jd.launches, dir)
+		}
+	}
+}
+
+// falseClaims finds processes of the cgroup whose ledger was refused: it
+// named a cgroup that is not theirs.
+func (j *joiner) falseClaims(k Key, rejected []*ledger) []Breach {
+	var out []Breach
+	for _, l := range rejected {
+		var ps []Process
+		for _, p := range j.procs[k] {
+			if p.ok && claims.InSlots(p.id, l.usage.Procs) {
+				ps = append(ps, Process{p.hostPID, p.id.StartTime})
+			}
+		}
+		if len(ps) > 0 {
+			out = append(out, Breach{Reason: BreachFalseClaim, Procs: ps, Evidence: fmt.Sprintf(
+				"processes %v keep ledger %s, which names cgroup %d: %v", pidsOf(ps), l.dir, l.usage.CgroupID, l.refused)})
+		}
+	}
+	return out
+}
+
+// hold turns this view's failing comparisons into breaches: a sustained
+// one after it held for `sustain`, bypasses and false claims at once, a
+// rewound ledger for `remember` after it was seen.
+func (jd *judge) hold(k Key, fails []Breach, now time.Time) []Breach {
+	since := jd.since[k]
+	if since == nil {
+		since = map[string]time.Time{}
+		jd.since[k] = since
+	}
+	var out []Breach
+	failing := map[string]bool{}
+	for _, b := range fails {
+		if failing[b.Reason] {
+			continue // one series per reason: the first evidence stands
+		}
+		failing[b.Reason] = true
+		first, ok := since[b.Reason]
+		if !ok {
+			first = now
+			since[b.Reason] = now
+		}
+		if now.Sub(first) >= sustainOf(b.Reason) {
+			out = append(out, b)
+		}
+	}
+	for r := range since {
+		if !failing[r] {
+			delete(since, r)
+		}
+	}
+	for r, b := range jd.instant[k] {
+		if now.After(jd.until[k][r]) {
+			delete(jd.instant[k], r)
+		} else if !failing[r] {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// sustainOf is how long a reason's evidence must hold: a bypass and a false
+// claim are facts at once, comparisons of figures read apart need time.
+func sustainOf(reason string) time.Duration {
+	switch reason {
+	case BreachBypass, BreachFalseClaim:
+		return 0
+	case BreachOverShare:
+		return shareSustain
+	}
+	return sustain
+}
+
+// remember keeps an instant breach reported for `remember`.
+func (jd *judge) remember(k Key, b Breach, now time.Time) {
+	if jd.instant[k] == nil {
+		jd.instant[k], jd.until[k] = map[string]Breach{}, map[string]time.Time{}
+	}
+	jd.instant[k][b.Reason], jd.until[k][b.Reason] = b, now.Add(remember)
+}
+
+// forget drops the state of containers no longer seen.
+func (jd *judge) forget(seen map[Key]bool) {
+	for k := range jd.since {
+		if !seen[k] {
+			delete(jd.since, k)
+			delete(jd.instant, k)
+			delete(jd.until, k)
+		}
+	}
+}
+
+func pidsOf(ps []Process) []int {
+	out := make([]int, len(ps))
+	for i, p := range ps {
+		out[i] = p.PID
+	}
+	return out
+}

@@ -1,0 +1,140 @@
+package collector
+
+import (
+	"testing"
+	"time"
+
+	"github.com/gpuwarden/gpuwarden/collector/claims"
+	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+)
+
+func reasonsOf(bs []Breach) map[string]bool {
+	out := map[string]bool{}
+	for _, b := range bs {
+		out[b.Reason] = true
+	}
+	return out
+}
+
+// A comparison must fail for `sustain` before it is a breach; a bypass or a
+// false claim is one at once; a rewound ledger stays one for `remember`.
+func TestJudgeHold(t *testing.T) {
+	jd := newJudge()
+	k := Key{Cgroup: 7, GPU: 0}
+	t0 := time.Unix(1000, 0)
+	over := []Breach{{Reason: BreachOverLimit}, {Reason: BreachOverLimit}} // one series per reason
+	if got := jd.hold(k, over, t0); len(got) != 0 {
+		t.Errorf("a comparison failing once is a breach: %v", got)
+	}
+	if got := jd.hold(k, over, t0.Add(sustain)); len(got) != 1 || got[0].Reason != BreachOverLimit {
+		t.Errorf("after %v: %v, want one over_limit", sustain, got)
+	}
+	if got := jd.hold(k, nil, t0.Add(sustain+time.Second)); len(got) != 0 {
+		t.Errorf("a comparison that passes again is still a breach: %v", got)
+	}
+	if got := jd.hold(k, over, t0.Add(sustain+2*time.Second)); len(got) != 0 {
+		t.Errorf("failing again starts the wait again: %v", got)
+	}
+	if got := jd.hold(k, []Breach{{Reason: BreachBypass}}, t0); !reasonsOf(got)[BreachBypass] {
+		t.Errorf("a bypass is not a breach at once: %v", got)
+	}
+
+	u := &controlblock.UsageSnapshot{CgroupID: 7}
+	u.LaunchesIssued[0] = 500
+	jd.rewound("d", 7, u, t0)
+	u.LaunchesIssued[0] = 3
+	jd.rewound("d", 7, u, t0.Add(time.Second))
+	if got := jd.hold(k, nil, t0.Add(30*time.Second)); !reasonsOf(got)[BreachBadLedger] {
+		t.Errorf("a rewound ledger is not remembered: %v", got)
+	}
+	if got := jd.hold(k, nil, t0.Add(remember+2*time.Second)); len(got) != 0 {
+		t.Errorf("a rewound ledger is remembered for ever: %v", got)
+	}
+	// Counted before any view listed the container: a breach all the same.
+	k2 := Key{Cgroup: 8, GPU: 0}
+	jd.enforcerRewinds(map[Key]uint64{k2: 1}, t0)
+	if got := jd.hold(k2, nil, t0); !reasonsOf(got)[BreachBadLedger] {
+		t.Errorf("a rewind the enforcer saw is not a breach: %v", got)
+	}
+}
+
+func TestCompare(t *testing.T) {
+	const gib = 1 << 30
+	ledgerWith := func(reserved, slots uint64, pid int32) *ledger {
+		u := &controlblock.UsageSnapshot{CgroupID: 7}
+		u.ReservedBytes[0] = reserved
+		p := controlblock.ProcUsage{Pid: pid, StartTime: 42}
+		p.Bytes[0] = slots
+		u.Procs = []controlblock.ProcUsage{p}
+		return &ledger{dir: "d", usage: u}
+	}
+	k := Key{Cgroup: 7, GPU: 0}
+	for _, tt := range []struct {
+		name  string
+		e     ContainerDevice
+		l     *ledger
+		procs []gpuProc
+		want  []string
+	}{
+		{"within quota and ledger", ContainerDevice{MemoryUsedBytes: gib, MemorySource: "ebpf", MemoryLimitBytes: 2 * gib, LedgerBytes: gib + 64<<20},
+			ledgerWith(gib+64<<20, gib, 5), []gpuProc{{10, claims.Proc{NSPid: 5, StartTime: 42}, true}}, nil},
+		{"forged reserve", ContainerDevice{MemoryUsedBytes: 3 * gib, MemorySource: "ebpf", MemoryLimitBytes: 2 * gib},
+			ledgerWith(0, gib, 5), nil, []string{BreachOverLimit, BreachOverLedger, BreachBadLedger}},
+		{"a process in no slot", ContainerDevice{MemoryUsedBytes: gib, MemorySource: "nvml", MemoryLimitBytes: 2 * gib, LedgerBytes: gib, PIDs: []int{10, 11}},
+			ledgerWith(gib, gib, 5), []gpuProc{{10, claims.Proc{NSPid: 5, StartTime: 42}, true}, {11, claims.Proc{NSPid: 6, StartTime: 43}, true}},
+			[]string{BreachUnledgered}},
+		{"a limit lowered below what it holds", ContainerDevice{MemoryUsedBytes: gib, MemorySource: "ebpf", MemoryLimitBytes: 512 << 20, LedgerBytes: gib + 64<<20},
+			ledgerWith(gib+64<<20, gib, 5), nil, nil},
+		{"the ledger's own figure is no evidence", ContainerDevice{MemoryUsedBytes: 3 * gib, MemorySource: "ledger", MemoryLimitBytes: 2 * gib, LedgerBytes: 3 * gib},
+			ledgerWith(3*gib, 3*gib, 5), nil, nil},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			j := &joiner{procs: map[Key][]gpuProc{k: tt.procs}}
+			e := tt.e
+			got := reasonsOf(j.compare(k, &e, tt.l))
+			if len(got) != len(tt.want) {
+				t.Errorf("breaches %v, want %v", got, tt.want)
+			}
+			for _, r := range tt.want {
+				if !got[r] {
+					t.Errorf("breaches %v lack %s", got, r)
+				}
+			}
+		})
+	}
+}
+
+// A container held to a share that NVML measures well above it, for long,
+// is in breach; a little above it, or not held (soft, high priority), is not.
+func TestOverShare(t *testing.T) {
+	k := Key{Cgroup: 7, GPU: 0}
+	l := &ledger{dir: "d", usage: &controlblock.UsageSnapshot{CgroupID: 7}}
+	for _, tt := range []struct {
+		name  string
+		held  map[Key]float64
+		share float64
+		want  bool
+	}{
+		{"a third held, a half used", map[Key]float64{k: 1. / 3}, 0.51, true},
+		{"within the tolerance", map[Key]float64{k: 1. / 3}, 0.45, false},
+		{"not held", nil, 0.9, false},
+	} {
+		j := &joiner{held: tt.held}
+		e := ContainerDevice{ComputeShare: tt.share, MemorySource: "ledger"}
+		if got := reasonsOf(j.compare(k, &e, l))[BreachOverShare]; got != tt.want {
+			t.Errorf("%s: over_share %v, want %v", tt.name, got, tt.want)
+		}
+	}
+	jd := newJudge()
+	over := []Breach{{Reason: BreachOverShare}}
+	t0 := time.Unix(1000, 0)
+	if got := jd.hold(k, over, t0); len(got) != 0 {
+		t.Errorf("an excess of one view is a breach: %v", got)
+	}
+	if got := jd.hold(k, over, t0.Add(sustain)); len(got) != 0 {
+		t.Errorf("an excess of %v is a breach: %v", sustain, got)
+	}
+	if got := jd.hold(k, over, t0.Add(shareSustain)); len(got) != 1 {
+		t.Errorf("an excess held %v is no breach: %v", shareSustain, got)
+	}
+}
