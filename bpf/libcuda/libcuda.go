@@ -134,15 +134,31 @@ func Scan(procRoot string) (map[FileID]Mapping, error) {
 
 // Scanner finds the libcuda files processes map: by name, and by what they
 // export (a renamed copy). It remembers, by device and inode, which other
-// executable files are drivers, so each file's symbols are read once.
+// executable files are drivers, so each file's symbols are read once; and
+// what each process mapped, so a process whose mappings did not change is
+// not read again.
 type Scanner struct {
 	procRoot string
 	driver   map[string]bool // "dev inode" as maps shows them
+	procs    map[int]*procMaps
+	passes   int
 }
+
+// procMaps is what one process mapped when its maps were last read.
+type procMaps struct {
+	start, vsize uint64          // /proc/<pid>/stat's start time and virtual size then
+	found        []Mapping       // its libcuda files
+	files        map[string]bool // its other executable files, and whether each is a driver
+}
+
+// fullEvery: every so many scans every process's maps are read, whatever
+// its stat says (a library mapped in place of one of the same size leaves
+// the virtual size alone).
+const fullEvery = 10
 
 // NewScanner scans the processes under procRoot.
 func NewScanner(procRoot string) *Scanner {
-	return &Scanner{procRoot: procRoot, driver: map[string]bool{}}
+	return &Scanner{procRoot: procRoot, driver: map[string]bool{}, procs: map[int]*procMaps{}}
 }
 
 // Scan returns one Mapping per distinct libcuda file (by the first process
@@ -155,35 +171,85 @@ func (s *Scanner) Scan() (map[FileID]Mapping, error) {
 		return nil, fmt.Errorf("scan processes: %w", err)
 	}
 	self, _ := os.Readlink(filepath.Join(s.procRoot, "self")) // our pid as procRoot numbers it
+	full := s.passes%fullEvery == 0
+	s.passes++
 	found := map[FileID]Mapping{}
 	known := make(map[string]bool, len(s.driver))
+	procs := make(map[int]*procMaps, len(s.procs))
 	for _, e := range ents {
 		pid, err := strconv.Atoi(e.Name())
 		if err != nil || pid <= 0 || e.Name() == self {
 			continue
 		}
-		data, err := os.ReadFile(filepath.Join(s.procRoot, e.Name(), "maps"))
-		if err != nil {
+		p := s.process(pid, full, known)
+		if p == nil {
 			continue // gone, or a kernel thread
 		}
-		for _, m := range append(ParseMaps(data), s.renamed(pid, data, known)...) {
-			mp, ok := open(s.procRoot, pid, m)
-			if !ok {
-				continue
-			}
+		procs[pid] = p
+		for f, is := range p.files {
+			known[f] = is
+		}
+		for _, mp := range p.found {
 			if _, dup := found[mp.File]; !dup {
 				found[mp.File] = mp
 			}
 		}
 	}
 	s.driver = known // files no process maps any more are forgotten
+	s.procs = procs  // and processes gone
 	return found, nil
+}
+
+// process is what pid maps: as last read, while its start time and virtual
+// size are unchanged (reading stat costs a fraction of reading maps), else
+// read anew. nil when the process is gone or maps nothing readable.
+func (s *Scanner) process(pid int, full bool, known map[string]bool) *procMaps {
+	dir := filepath.Join(s.procRoot, strconv.Itoa(pid))
+	start, vsize, statOK := readStat(filepath.Join(dir, "stat"))
+	if p := s.procs[pid]; p != nil && statOK && !full && p.start == start && p.vsize == vsize {
+		return p
+	}
+	data, err := os.ReadFile(filepath.Join(dir, "maps"))
+	if err != nil {
+		return nil
+	}
+	p := &procMaps{start: start, vsize: vsize, files: map[string]bool{}}
+	for _, m := range append(ParseMaps(data), s.renamed(pid, data, known, p.files)...) {
+		if mp, ok := open(s.procRoot, pid, m); ok {
+			p.found = append(p.found, mp)
+		}
+	}
+	if !statOK {
+		p.vsize = ^uint64(0) // no stat to compare with: read again next time
+	}
+	return p
+}
+
+// readStat reads a process's start time (field 22) and virtual size (field
+// 23) from its stat file. The command name (field 2) may hold spaces and
+// parentheses: fields are counted from the last ')'.
+func readStat(path string) (start, vsize uint64, ok bool) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, 0, false
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, 0, false
+	}
+	f := strings.Fields(string(b[i+1:])) // f[0] is field 3
+	if len(f) < 21 {
+		return 0, 0, false
+	}
+	start, err1 := strconv.ParseUint(f[19], 10, 64)
+	vsize, err2 := strconv.ParseUint(f[20], 10, 64)
+	return start, vsize, err1 == nil && err2 == nil
 }
 
 // renamed returns the executable mappings of a process that are driver
 // libraries under another name, reading a file's symbols only the first
-// time it is seen.
-func (s *Scanner) renamed(pid int, data []byte, known map[string]bool) []MapsEntry {
+// time it is seen; files records each of its files' verdicts.
+func (s *Scanner) renamed(pid int, data []byte, known, files map[string]bool) []MapsEntry {
 	var out []MapsEntry
 	for _, m := range execMappings(data) {
 		is, ok := known[m.file]
@@ -195,6 +261,7 @@ func (s *Scanner) renamed(pid int, data []byte, known map[string]bool) []MapsEnt
 			}
 			known[m.file] = is
 		}
+		files[m.file] = is
 		if is {
 			out = append(out, m.MapsEntry)
 		}

@@ -158,3 +158,74 @@ func TestExportsDriver(t *testing.T) {
 		}
 	}
 }
+
+// writeStat gives a fake process a stat file with this start time and
+// virtual size (and a command name with spaces and parentheses).
+func writeStat(t *testing.T, proc, pid string, start, vsize uint64) {
+	t.Helper()
+	rest := make([]string, 21) // fields 3 to 23
+	for i := range rest {
+		rest[i] = "0"
+	}
+	rest[0] = "S"
+	rest[19], rest[20] = fmt.Sprint(start), fmt.Sprint(vsize)
+	line := pid + " (a (b) c) " + strings.Join(rest, " ") + " 0 0\n"
+	if err := os.WriteFile(filepath.Join(proc, pid, "stat"), []byte(line), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A process whose start time and virtual size are unchanged is not read
+// again, except every fullEvery scans; one whose size changed is.
+func TestScanRereadsChangedProcesses(t *testing.T) {
+	proc := t.TempDir()
+	first := fakeProcess(t, proc, "42", "/opt/libcuda.so.1", 9)
+	writeStat(t, proc, "42", 1000, 1<<20)
+	s := NewScanner(proc)
+	has := func(lib string) bool {
+		found, err := s.Scan()
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, _ := Identify(lib)
+		_, ok := found[id]
+		return ok
+	}
+	if !has(first) {
+		t.Fatal("first scan: the library was not found")
+	}
+	// The process now maps another copy, its stat unchanged: the scan
+	// answers from what it read before.
+	second := fakeProcess(t, proc, "42", "/opt/other/libcuda.so.1", 11)
+	if !has(first) || has(second) {
+		t.Fatal("an unchanged process was read again")
+	}
+	writeStat(t, proc, "42", 1000, 2<<20) // it grew: read again
+	if !has(second) {
+		t.Fatal("a process whose size changed was not read again")
+	}
+	third := fakeProcess(t, proc, "42", "/opt/third/libcuda.so.1", 12)
+	seen := false
+	for i := 0; i < fullEvery && !seen; i++ {
+		seen = has(third)
+	}
+	if !seen {
+		t.Fatalf("the mapping was not seen within %d scans", fullEvery)
+	}
+}
+
+func TestReadStat(t *testing.T) {
+	proc := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(proc, "7"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeStat(t, proc, "7", 12345, 678910)
+	start, vsize, ok := readStat(filepath.Join(proc, "7", "stat"))
+	if !ok || start != 12345 || vsize != 678910 {
+		t.Errorf("readStat = %d, %d, %v", start, vsize, ok)
+	}
+	self, _, ok := readStat("/proc/self/stat")
+	if !ok || self == 0 {
+		t.Errorf("readStat(/proc/self/stat) = %d, %v", self, ok)
+	}
+}
