@@ -146,9 +146,10 @@ type Scanner struct {
 
 // procMaps is what one process mapped when its maps were last read.
 type procMaps struct {
-	start, vsize uint64          // /proc/<pid>/stat's start time and virtual size then
-	found        []Mapping       // its libcuda files
-	files        map[string]bool // its other executable files, and whether each is a driver
+	stat  *os.File        // its /proc/<pid>/stat, kept open: a read fails once the process is gone
+	vsize uint64          // its virtual size then
+	found []Mapping       // its libcuda files
+	files map[string]bool // its other executable files, and whether each is a driver
 }
 
 // fullEvery: every so many scans every process's maps are read, whatever
@@ -186,6 +187,7 @@ func (s *Scanner) Scan() (map[FileID]Mapping, error) {
 			continue // gone, or a kernel thread
 		}
 		procs[pid] = p
+		delete(s.procs, pid)
 		for f, is := range p.files {
 			known[f] = is
 		}
@@ -195,55 +197,89 @@ func (s *Scanner) Scan() (map[FileID]Mapping, error) {
 			}
 		}
 	}
+	for _, gone := range s.procs { // processes no longer listed
+		gone.close()
+	}
 	s.driver = known // files no process maps any more are forgotten
-	s.procs = procs  // and processes gone
+	s.procs = procs
 	return found, nil
 }
 
-// process is what pid maps: as last read, while its start time and virtual
-// size are unchanged (reading stat costs a fraction of reading maps), else
-// read anew. nil when the process is gone or maps nothing readable.
+// process is what pid maps: as last read while its virtual size is
+// unchanged (a pread of its open stat file costs a fraction of reading its
+// maps, and fails once the process is gone, so a reused pid is a new
+// process), else read anew. nil when the process is gone or maps nothing
+// readable.
 func (s *Scanner) process(pid int, full bool, known map[string]bool) *procMaps {
 	dir := filepath.Join(s.procRoot, strconv.Itoa(pid))
-	start, vsize, statOK := readStat(filepath.Join(dir, "stat"))
-	if p := s.procs[pid]; p != nil && statOK && !full && p.start == start && p.vsize == vsize {
-		return p
+	p := s.procs[pid]
+	if p != nil {
+		vsize, ok := readVsize(p.stat)
+		if ok && !full && vsize == p.vsize {
+			return p
+		}
+		if !ok { // gone: a new process may have its pid
+			p.close()
+			p = nil
+		} else {
+			p.vsize = vsize
+		}
 	}
 	data, err := os.ReadFile(filepath.Join(dir, "maps"))
 	if err != nil {
+		if p != nil {
+			p.close()
+		}
 		return nil
 	}
-	p := &procMaps{start: start, vsize: vsize, files: map[string]bool{}}
+	if p == nil {
+		p = &procMaps{vsize: ^uint64(0)} // no stat yet: read again next time
+		if f, err := os.Open(filepath.Join(dir, "stat")); err == nil {
+			p.stat = f
+			if v, ok := readVsize(f); ok {
+				p.vsize = v
+			}
+		}
+	}
+	p.found, p.files = nil, map[string]bool{}
 	for _, m := range append(ParseMaps(data), s.renamed(pid, data, known, p.files)...) {
 		if mp, ok := open(s.procRoot, pid, m); ok {
 			p.found = append(p.found, mp)
 		}
 	}
-	if !statOK {
-		p.vsize = ^uint64(0) // no stat to compare with: read again next time
-	}
 	return p
 }
 
-// readStat reads a process's start time (field 22) and virtual size (field
-// 23) from its stat file. The command name (field 2) may hold spaces and
-// parentheses: fields are counted from the last ')'.
-func readStat(path string) (start, vsize uint64, ok bool) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return 0, 0, false
+func (p *procMaps) close() {
+	if p.stat != nil {
+		p.stat.Close()
+		p.stat = nil
 	}
+}
+
+// readVsize reads a process's virtual size (field 23) from its open stat
+// file. The command name (field 2) may hold spaces and parentheses: fields
+// are counted from the last ')'.
+func readVsize(f *os.File) (uint64, bool) {
+	if f == nil {
+		return 0, false
+	}
+	var buf [1024]byte
+	n, err := f.ReadAt(buf[:], 0)
+	if n == 0 || (err != nil && err != io.EOF) {
+		return 0, false
+	}
+	b := buf[:n]
 	i := bytes.LastIndexByte(b, ')')
 	if i < 0 {
-		return 0, 0, false
+		return 0, false
 	}
-	f := strings.Fields(string(b[i+1:])) // f[0] is field 3
-	if len(f) < 21 {
-		return 0, 0, false
+	fields := strings.Fields(string(b[i+1:])) // fields[0] is field 3
+	if len(fields) < 21 {
+		return 0, false
 	}
-	start, err1 := strconv.ParseUint(f[19], 10, 64)
-	vsize, err2 := strconv.ParseUint(f[20], 10, 64)
-	return start, vsize, err1 == nil && err2 == nil
+	vsize, err := strconv.ParseUint(fields[20], 10, 64)
+	return vsize, err == nil
 }
 
 // renamed returns the executable mappings of a process that are driver

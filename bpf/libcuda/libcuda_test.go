@@ -3,6 +3,7 @@ package libcuda
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"reflect"
 	"strings"
@@ -175,8 +176,8 @@ func writeStat(t *testing.T, proc, pid string, start, vsize uint64) {
 	}
 }
 
-// A process whose start time and virtual size are unchanged is not read
-// again, except every fullEvery scans; one whose size changed is.
+// A process whose virtual size is unchanged is not read again, except
+// every fullEvery scans; one whose size changed is.
 func TestScanRereadsChangedProcesses(t *testing.T) {
 	proc := t.TempDir()
 	first := fakeProcess(t, proc, "42", "/opt/libcuda.so.1", 9)
@@ -214,18 +215,48 @@ func TestScanRereadsChangedProcesses(t *testing.T) {
 	}
 }
 
-func TestReadStat(t *testing.T) {
+// The stat file the scanner keeps open stops reading once its process is
+// gone: a pid used again is a new process, read anew.
+func TestReadVsizeOfDeadProcess(t *testing.T) {
+	cmd := exec.Command("sleep", "30")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, ok := readVsize(f); !ok {
+		t.Fatal("cannot read a live process's stat")
+	}
+	_ = cmd.Process.Kill()
+	_ = cmd.Wait()
+	if v, ok := readVsize(f); ok {
+		t.Errorf("a dead process's stat still reads (vsize %d)", v)
+	}
+}
+
+func TestReadVsize(t *testing.T) {
 	proc := t.TempDir()
 	if err := os.MkdirAll(filepath.Join(proc, "7"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	writeStat(t, proc, "7", 12345, 678910)
-	start, vsize, ok := readStat(filepath.Join(proc, "7", "stat"))
-	if !ok || start != 12345 || vsize != 678910 {
-		t.Errorf("readStat = %d, %d, %v", start, vsize, ok)
+	f, err := os.Open(filepath.Join(proc, "7", "stat"))
+	if err != nil {
+		t.Fatal(err)
 	}
-	self, _, ok := readStat("/proc/self/stat")
-	if !ok || self == 0 {
-		t.Errorf("readStat(/proc/self/stat) = %d, %v", self, ok)
+	defer f.Close()
+	if v, ok := readVsize(f); !ok || v != 678910 {
+		t.Errorf("readVsize = %d, %v", v, ok)
+	}
+	self, err := os.Open("/proc/self/stat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer self.Close()
+	if v, ok := readVsize(self); !ok || v == 0 {
+		t.Errorf("readVsize(/proc/self/stat) = %d, %v", v, ok)
 	}
 }
