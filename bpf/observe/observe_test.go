@@ -73,8 +73,8 @@ func waitFor(t *testing.T, timeout time.Duration, cond func() (bool, string)) {
 	}
 }
 
-func cudaAlloc(t *testing.T, m *simtest.Machine, cg *simtest.Cgroup) *bpftest.Prog {
-	return bpftest.StartProg(t, cg.Place(m.Command(simtest.Bin(t, "bpf/cuda-alloc"))))
+func cudaAlloc(t *testing.T, m *simtest.Machine, cg *simtest.Cgroup) *simtest.AllocProg {
+	return simtest.StartAllocProg(t, cg.Place(m.Command(simtest.Bin(t, "bpf/cuda-alloc"))))
 }
 
 type want struct {
@@ -196,7 +196,7 @@ func TestCopyOfLibcudaFound(t *testing.T) {
 	m := simtest.NewMachine(t, 1, "4Gi")
 	cg := simtest.NewCgroup(t, "copy")
 	began := time.Now()
-	p := bpftest.StartProg(t, cg.Place(m.Command(filepath.Join(dir, "cuda-alloc"))))
+	p := simtest.StartAllocProg(t, cg.Place(m.Command(filepath.Join(dir, "cuda-alloc"))))
 	waitFor(t, 5*time.Second, func() (bool, string) {
 		return attachedTo(o, id), fmt.Sprintf("libraries %+v lack %s", o.Libraries(), id)
 	})
@@ -332,7 +332,7 @@ func TestLaunchesCountedWhileAttached(t *testing.T) {
 	o := start(t, c)
 	m := simtest.NewMachine(t, 1, "4Gi")
 	cg := simtest.NewCgroup(t, "launch")
-	p := bpftest.StartProg(t, cg.Place(m.Command(prog)))
+	p := simtest.StartAllocProg(t, cg.Place(m.Command(prog)))
 	p.Do(t, "ctx 0")
 	p.Do(t, "launch 100")
 	p.Do(t, "launch 10 ex")
@@ -350,7 +350,7 @@ func TestLaunchWindowSampled(t *testing.T) {
 	o := start(t, c)
 	m := simtest.NewMachine(t, 1, "4Gi")
 	cg := simtest.NewCgroup(t, "window")
-	p := bpftest.StartProg(t, cg.Place(m.Command(prog)))
+	p := simtest.StartAllocProg(t, cg.Place(m.Command(prog)))
 	p.Do(t, "ctx 0")
 	var rate float64
 	began := time.Now()

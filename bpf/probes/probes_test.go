@@ -26,7 +26,7 @@ func TestLoadAttachCount(t *testing.T) {
 	}
 	cg := simtest.NewCgroup(t, "probes")
 	m := simtest.NewMachine(t, 2, "4Gi")
-	prog := bpftest.StartProg(t, cg.Place(m.Command(simtest.Bin(t, "bpf/cuda-alloc"))))
+	prog := simtest.StartAllocProg(t, cg.Place(m.Command(simtest.Bin(t, "bpf/cuda-alloc"))))
 	prog.Do(t, "ctx 1")
 	prog.Do(t, "alloc linear 12345")
 	u, err := p.Usage()

@@ -8,7 +8,6 @@ package main
 import (
 	"encoding/binary"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -33,47 +32,14 @@ import (
 // 2 s, the enforcer looks every 4 s); wide, for a loaded machine.
 const breachWithin = 30 * time.Second
 
-// allocProg is bin/bpf/cuda-alloc, steered line by line on stdin.
-type allocProg struct {
-	p     *simtest.Proc
-	stdin io.WriteCloser
-}
-
-func startAllocProg(t *testing.T, cmd *exec.Cmd) *allocProg {
-	t.Helper()
-	in, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := &allocProg{p: simtest.Start(t, cmd), stdin: in}
-	a.p.WaitLine(t, "ready", 20*time.Second)
-	return a
-}
-
-// do sends a command and returns its reply ("ok ..." or "err N").
-func (a *allocProg) do(t *testing.T, line string) string {
-	t.Helper()
-	if _, err := fmt.Fprintln(a.stdin, line); err != nil {
-		t.Fatalf("cuda-alloc %q: %v; stderr: %s", line, err, a.p.Stderr())
-	}
-	return a.p.WaitLine(t, "", 60*time.Second)
-}
-
-func (a *allocProg) must(t *testing.T, line string) {
-	t.Helper()
-	if r := a.do(t, line); !strings.HasPrefix(r, "ok") {
-		t.Fatalf("cuda-alloc %q: %s; stderr: %s", line, r, a.p.Stderr())
-	}
-}
-
 // enforcedAlloc starts cuda-alloc under the interposer in cg, with a context on GPU 0.
-func enforcedAlloc(t *testing.T, m *simtest.Machine, agent *simtest.Agent, cg *simtest.Cgroup, env ...string) *allocProg {
+func enforcedAlloc(t *testing.T, m *simtest.Machine, agent *simtest.Agent, cg *simtest.Cgroup, env ...string) *simtest.AllocProg {
 	t.Helper()
 	cmd := cg.Place(m.Command(simtest.Bin(t, "bpf/cuda-alloc")))
 	cmd.Env = append(cmd.Env, "LD_PRELOAD="+simtest.Bin(t, "libgpuwarden.so"), "GPUWARDEN_CONTROL_DIR="+agent.ControlDir)
 	cmd.Env = append(cmd.Env, env...)
-	a := startAllocProg(t, cmd)
-	a.must(t, "ctx 0")
+	a := simtest.StartAllocProg(t, cmd)
+	a.Do(t, "ctx 0")
 	return a
 }
 
@@ -189,7 +155,7 @@ func wantFreshAllocation(t *testing.T, m *simtest.Machine, agent *simtest.Agent,
 	t.Helper()
 	fresh := enforcedAlloc(t, m, agent, simtest.NewCgroup(t, "fresh"), "GPUWARDEN_MEMORY_LIMIT="+quota)
 	simtest.Eventually(t, breachWithin, func() error {
-		if r := fresh.do(t, "alloc linear "+fmt.Sprint(parseSize(t, quota)-contextReserve)); !strings.HasPrefix(r, "ok") {
+		if r := fresh.Try(t, "alloc linear %d", parseSize(t, quota)-contextReserve); r[0] != "ok" {
 			return fmt.Errorf("a fresh container's %s allocation: %s", quota, r)
 		}
 		return nil
@@ -217,12 +183,12 @@ func TestAttackForgedReservedBytes(t *testing.T) {
 	cg := simtest.NewCgroup(t, "forger")
 	bystander := enforcedAlloc(t, m, agent, simtest.NewCgroup(t, "bystander"), "GPUWARDEN_MEMORY_LIMIT=256Mi")
 	a := enforcedAlloc(t, m, agent, cg, "GPUWARDEN_MEMORY_LIMIT=2Gi")
-	a.must(t, fmt.Sprint("alloc linear ", 1536<<20))
-	if r := a.do(t, fmt.Sprint("alloc linear ", 1<<30)); strings.HasPrefix(r, "ok") {
+	a.Do(t, "alloc linear %d", 1536<<20)
+	if r := a.Try(t, "alloc linear %d", 1<<30); r[0] == "ok" {
 		t.Fatalf("the interposer let 2.5 GiB through a 2 GiB quota before any forgery")
 	}
 	forge(t, cg, ledgerOf(agent, cg), "reserved_bytes", 0)
-	a.must(t, fmt.Sprint("alloc linear ", 1536<<20)) // 3 GiB held on a 2 GiB quota
+	a.Do(t, "alloc linear %d", 1536<<20) // 3 GiB held on a 2 GiB quota
 
 	wantBreach(t, agent, cg.Rel, collector.BreachOverLimit)
 	ev := wantEvent(t, agent, "breach", collector.BreachOverLimit, cg.Rel)
@@ -230,10 +196,10 @@ func TestAttackForgedReservedBytes(t *testing.T) {
 		t.Errorf("the event gives no evidence: %+v", ev)
 	}
 	wantEvent(t, agent, "killed", "", cg.Rel)
-	if _, err := a.p.Wait(); err == nil {
+	if _, err := a.P.Wait(); err == nil {
 		t.Error("the forger exited cleanly; want killed")
 	}
-	if r := bystander.do(t, fmt.Sprint("alloc linear ", 128<<20)); !strings.HasPrefix(r, "ok") {
+	if r := bystander.Try(t, "alloc linear %d", 128<<20); r[0] != "ok" {
 		t.Errorf("the bystander container no longer works: %s", r)
 	}
 	agentServes(t, agent)
@@ -293,15 +259,15 @@ func TestAttackHiddenBypassBesideLedger(t *testing.T) {
 	innocent := startEnforced(t, m, agent, "innocent", "GPUWARDEN_MEMORY_LIMIT=2Gi")
 	cg := simtest.NewCgroup(t, "hider")
 	ledgered := enforcedAlloc(t, m, agent, cg, "GPUWARDEN_MEMORY_LIMIT=1Gi")
-	ledgered.must(t, fmt.Sprint("alloc linear ", 512<<20))
-	hidden := startAllocProg(t, cg.Place(m.Command(simtest.Bin(t, "bpf/cuda-alloc")))) // LD_PRELOAD unset
-	hidden.must(t, "ctx 0")
-	hidden.must(t, fmt.Sprint("alloc linear ", 2<<30))
+	ledgered.Do(t, "alloc linear %d", 512<<20)
+	hidden := simtest.StartAllocProg(t, cg.Place(m.Command(simtest.Bin(t, "bpf/cuda-alloc")))) // LD_PRELOAD unset
+	hidden.Do(t, "ctx 0")
+	hidden.Do(t, "alloc linear %d", 2<<30)
 
 	wantBreach(t, agent, cg.Rel, collector.BreachUnledgered)
 	ev := wantEvent(t, agent, "breach", collector.BreachUnledgered, cg.Rel)
-	if len(ev.PIDs) != 1 || ev.PIDs[0] != hidden.p.Cmd.Process.Pid {
-		t.Errorf("the event names pids %v, want the hidden process %d", ev.PIDs, hidden.p.Cmd.Process.Pid)
+	if len(ev.PIDs) != 1 || ev.PIDs[0] != hidden.P.Cmd.Process.Pid {
+		t.Errorf("the event names pids %v, want the hidden process %d", ev.PIDs, hidden.P.Cmd.Process.Pid)
 	}
 	wantEvent(t, agent, "frozen", "", cg.Rel)
 	if !frozen(t, cg) {
@@ -323,19 +289,19 @@ func TestAttackHiddenProcessKilledAlone(t *testing.T) {
 	agent := simtest.StartAgent(t, m, "GPUWARDEN_ENFORCEMENT_ON_BREACH=kill")
 	cg := simtest.NewCgroup(t, "hider")
 	ledgered := enforcedAlloc(t, m, agent, cg, "GPUWARDEN_MEMORY_LIMIT=1Gi")
-	ledgered.must(t, fmt.Sprint("alloc linear ", 256<<20))
-	hidden := startAllocProg(t, cg.Place(m.Command(simtest.Bin(t, "bpf/cuda-alloc")))) // LD_PRELOAD unset
-	hidden.must(t, "ctx 0")
+	ledgered.Do(t, "alloc linear %d", 256<<20)
+	hidden := simtest.StartAllocProg(t, cg.Place(m.Command(simtest.Bin(t, "bpf/cuda-alloc")))) // LD_PRELOAD unset
+	hidden.Do(t, "ctx 0")
 
 	wantBreach(t, agent, cg.Rel, collector.BreachUnledgered)
 	ev := wantEvent(t, agent, "killed", "", cg.Rel)
-	if len(ev.PIDs) != 1 || ev.PIDs[0] != hidden.p.Cmd.Process.Pid {
-		t.Errorf("killed %v, want only the hidden process %d", ev.PIDs, hidden.p.Cmd.Process.Pid)
+	if len(ev.PIDs) != 1 || ev.PIDs[0] != hidden.P.Cmd.Process.Pid {
+		t.Errorf("killed %v, want only the hidden process %d", ev.PIDs, hidden.P.Cmd.Process.Pid)
 	}
-	if _, err := hidden.p.Wait(); err == nil {
+	if _, err := hidden.P.Wait(); err == nil {
 		t.Error("the hidden process exited cleanly; want killed")
 	}
-	ledgered.must(t, fmt.Sprint("alloc linear ", 256<<20)) // still alive, still held to its quota
+	ledgered.Do(t, "alloc linear %d", 256<<20) // still alive, still held to its quota
 	agentServes(t, agent)
 }
 
@@ -356,11 +322,11 @@ func TestAttackRenamedLibcuda(t *testing.T) {
 	cg := simtest.NewCgroup(t, "renamed")
 	cmd := cg.Place(m.Command(simtest.Bin(t, "bpf/cuda-alloc")))
 	cmd.Env = append(cmd.Env, "LD_PRELOAD="+renamed) // the copy answers for libcuda.so.1: its soname
-	a := startAllocProg(t, cmd)
+	a := simtest.StartAllocProg(t, cmd)
 	time.Sleep(2 * time.Second) // the scan attaches to the copy before the allocation
-	a.must(t, "ctx 0")
-	a.must(t, fmt.Sprint("alloc linear ", 768<<20))
-	if maps, _ := os.ReadFile(fmt.Sprintf("/proc/%d/maps", a.p.Cmd.Process.Pid)); strings.Contains(string(maps), "libcuda.so") {
+	a.Do(t, "ctx 0")
+	a.Do(t, "alloc linear %d", 768<<20)
+	if maps, _ := os.ReadFile(fmt.Sprintf("/proc/%d/maps", a.P.Cmd.Process.Pid)); strings.Contains(string(maps), "libcuda.so") {
 		t.Fatalf("the workload maps a file named libcuda.so; the test needs only the renamed copy:\n%s", maps)
 	}
 	simtest.Eventually(t, breachWithin, func() error {
@@ -372,7 +338,7 @@ func TestAttackRenamedLibcuda(t *testing.T) {
 	})
 	wantBreach(t, agent, cg.Rel, collector.BreachBypass)
 	wantEvent(t, agent, "killed", "", cg.Rel)
-	if _, err := a.p.Wait(); err == nil {
+	if _, err := a.P.Wait(); err == nil {
 		t.Error("the bypass exited cleanly; want killed")
 	}
 	agentServes(t, agent)

@@ -271,37 +271,36 @@ func sameInts(a, b []int) bool {
 
 // targets gives the collector each container's target share per device.
 func (e *enforcement) targets() map[collector.Key]float64 {
-	out := map[collector.Key]float64{}
-	byKey := e.cgroups()
-	for _, st := range e.s.Status() {
-		if cg, ok := byKey[st.Key]; ok && st.Target > 0 && st.Policy != policy.Native {
-			out[collector.Key{Cgroup: cg, GPU: st.Device}] = st.Target
-		}
-	}
-	return out
+	return perContainer(e, func(st scheduler.Status) (float64, bool) {
+		return st.Target, st.Target > 0 && st.Policy != policy.Native
+	})
 }
 
 // held gives the collector the share each container may not exceed: held
 // to by the gate, with no borrowing (soft) or priority to take more.
 func (e *enforcement) held() map[collector.Key]float64 {
-	out := map[collector.Key]float64{}
-	byKey := e.cgroups()
-	for _, st := range e.s.Status() {
-		if cg, ok := byKey[st.Key]; ok && st.Gated && st.Policy != policy.Soft && !st.High && st.Target > 0 && st.Target < 1 {
-			out[collector.Key{Cgroup: cg, GPU: st.Device}] = st.Target
-		}
-	}
-	return out
+	return perContainer(e, func(st scheduler.Status) (float64, bool) {
+		return st.Target, st.Gated && st.Policy != policy.Soft && !st.High && st.Target > 0 && st.Target < 1
+	})
 }
 
 // rewinds gives the collector how many times the scheduler saw each
 // container's launch tickets go back, per device.
 func (e *enforcement) rewinds() map[collector.Key]uint64 {
-	out := map[collector.Key]uint64{}
+	return perContainer(e, func(st scheduler.Status) (uint64, bool) { return st.Rewinds, true })
+}
+
+// perContainer keys what pick takes from each container's scheduler status
+// (where it says to keep it) by the container's cgroup and device, as the
+// collector knows them.
+func perContainer[T any](e *enforcement, pick func(scheduler.Status) (T, bool)) map[collector.Key]T {
+	out := map[collector.Key]T{}
 	byKey := e.cgroups()
 	for _, st := range e.s.Status() {
 		if cg, ok := byKey[st.Key]; ok {
-			out[collector.Key{Cgroup: cg, GPU: st.Device}] = st.Rewinds
+			if v, keep := pick(st); keep {
+				out[collector.Key{Cgroup: cg, GPU: st.Device}] = v
+			}
 		}
 	}
 	return out
