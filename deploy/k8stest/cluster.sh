@@ -180,8 +180,10 @@ up() {
         'int main(void) { signal(SIGCHLD, SIG_IGN); signal(SIGTERM, stop); signal(SIGINT, stop); for (;;) pause(); }' |
         gcc -static -O2 -x c -o "$S/images/pause/pause" -
     cp /bin/busybox "$S/images/busybox/bin/busybox"
-    "$S/images/busybox/bin/busybox" --install -s "$S/images/busybox/bin"
-    # --install links to the absolute /bin/busybox, which is where it is in the image.
+    local applet
+    for applet in $(busybox --list); do
+        [ "$applet" = busybox ] || ln -s busybox "$S/images/busybox/bin/$applet"
+    done
     image gpuwarden.test/pause:1 "$S/images/pause" '["/pause"]'
     image gpuwarden.test/busybox:1 "$S/images/busybox"
 
