@@ -69,7 +69,7 @@ HOST_PATHS=(/var/lib/kubelet /var/lib/kubelet/device-plugins /var/lib/cni /var/l
     /var/log/pods /run/containerd /run/netns)
 DEVICE_PLUGINS=/var/lib/kubelet/device-plugins # the kubelet's, fixed in its code
 
-S= NS= PIDS=() NAMES=()
+S= NS= CMD_PID= PIDS=() NAMES=()
 
 # start NAME CMD...: a component inside the namespace, logging to $S/log/NAME.log.
 # nsenter execs the command, so $! is the component's own PID.
@@ -300,6 +300,10 @@ teardown() {
     set +e
     local failed=0 t0=$SECONDS i pid m d p v
     case "$S" in /?*/?*) ;; *) return 0 ;; esac # nothing of ours to find without it
+    # The command first, when a signal ended the run before it finished.
+    if [ -n "$CMD_PID" ] && kill -0 "$CMD_PID" 2>/dev/null; then
+        stop "$CMD_PID" "the command"
+    fi
     if [ ${#PIDS[@]} -gt 0 ]; then
         # Pods first, through the kubelet, so sandboxes and their network go cleanly.
         kctl delete pods --all --all-namespaces --grace-period=1 --timeout=60s >/dev/null 2>&1
@@ -381,7 +385,12 @@ run() {
         GPUWARDEN_K8S_KUBECTL=$CACHE/bin/kubectl \
         GPUWARDEN_K8S_DEVICE_PLUGINS=$DEVICE_PLUGINS \
         GPUWARDEN_K8S_POD_RESOURCES_SOCKET=$S/kubelet/pod-resources/kubelet.sock \
-        nsenter --net="/run/netns/$NS" "$@" || status=$?
+        nsenter --net="/run/netns/$NS" "$@" <&0 &
+    # In the background, so that a signal to this script ends the wait at
+    # once and teardown stops the command by its PID.
+    CMD_PID=$!
+    wait "$CMD_PID" || status=$?
+    CMD_PID=
     exit $status
 }
 
