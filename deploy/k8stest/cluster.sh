@@ -19,7 +19,8 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 GO=${GO:-go}
 K8S_VERSION=$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' "$HERE/go.mod")
-CACHE=${GPUWARDEN_K8S_CACHE:-/var/cache/gpuwarden-k8s}/$K8S_VERSION
+CACHE_ROOT=${GPUWARDEN_K8S_CACHE:-/var/cache/gpuwarden-k8s}
+CACHE=$CACHE_ROOT/$K8S_VERSION
 
 log() { echo "k8stest: $*" >&2; }
 die() { log "$*"; exit 1; }
@@ -369,9 +370,12 @@ run() {
     [ $# -gt 0 ] || die "usage: cluster.sh run CMD..."
     [ "$(id -u)" -eq 0 ] || die "the cluster needs root"
     build
-    # One cluster at a time: the kubelet's device-plugins directory is fixed.
-    exec 9>"$CACHE/lock"
-    flock -w 1800 9 || die "another cluster has held $CACHE/lock for 30 minutes"
+    # One cluster at a time, whatever its version: the kubelet's
+    # device-plugins directory is fixed. A kubelet of the host's own would
+    # share it too.
+    exec 9>"$CACHE_ROOT/lock"
+    flock -w 1800 9 || die "another cluster has held $CACHE_ROOT/lock for 30 minutes"
+    [ ! -S "$DEVICE_PLUGINS/kubelet.sock" ] || die "$DEVICE_PLUGINS/kubelet.sock exists: a kubelet runs on this host"
     S=$(realpath -m "${GPUWARDEN_K8S_STATE:-$(mktemp -d /tmp/gpuwarden-k8s.XXXXXX)}")
     trap 'exit 130' INT TERM
     trap 'rc=$?; trap - EXIT; teardown || { [ $rc -ne 0 ] || rc=1; }; exit $rc' EXIT
@@ -394,8 +398,14 @@ run() {
     exit $status
 }
 
-case "${1:-}" in
-build) build ;;
-run) shift; run "$@" ;;
-*) die "usage: cluster.sh build | run CMD..." ;;
-esac
+main() {
+    case "${1:-}" in
+    build) build ;;
+    run) shift; run "$@" ;;
+    *) die "usage: cluster.sh build | run CMD..." ;;
+    esac
+}
+
+# One line, so that bash has read the exit before main runs: a script
+# edited while it runs must not go on with the new text.
+main "$@"; exit
