@@ -8,9 +8,11 @@
 # Knobs (environment):
 #   GPUWARDEN_K8S_CACHE  where built binaries are kept between runs
 #                        (default /var/cache/gpuwarden-k8s)
-#   GPUWARDEN_K8S_STATE  the cluster's working directory for one run; it is
-#                        removed at teardown (default: a new directory under /tmp)
+#   GPUWARDEN_K8S_STATE  the cluster's working directory for one run, absent or
+#                        empty; it is removed at teardown (default: a new
+#                        directory under /tmp)
 #   GPUWARDEN_K8S_KEEP=1 keep the state directory (logs) after teardown
+#   GO                   the go command (default go)
 #
 # The Kubernetes version is the one deploy/k8stest/go.mod requires; etcd is
 # the one that version's module graph holds.
@@ -377,6 +379,8 @@ run() {
     flock -w 1800 9 || die "another cluster has held $CACHE_ROOT/lock for 30 minutes"
     [ ! -S "$DEVICE_PLUGINS/kubelet.sock" ] || die "$DEVICE_PLUGINS/kubelet.sock exists: a kubelet runs on this host"
     S=$(realpath -m "${GPUWARDEN_K8S_STATE:-$(mktemp -d /tmp/gpuwarden-k8s.XXXXXX)}")
+    # Teardown removes it: never a directory that holds anything else.
+    [ -z "$(ls -A "$S" 2>/dev/null)" ] || die "$S is not empty"
     trap 'exit 130' INT TERM
     trap 'rc=$?; trap - EXIT; teardown || { [ $rc -ne 0 ] || rc=1; }; exit $rc' EXIT
     local t0=$SECONDS status=0
