@@ -378,6 +378,8 @@ run() {
     exec 9>"$CACHE_ROOT/lock"
     flock -w 1800 9 || die "another cluster has held $CACHE_ROOT/lock for 30 minutes"
     [ ! -S "$DEVICE_PLUGINS/kubelet.sock" ] || die "$DEVICE_PLUGINS/kubelet.sock exists: a kubelet runs on this host"
+    # Teardown kills whatever is left in kubepods cgroups: only ours.
+    [ -z "$(cgroup_dirs)" ] || die "kubepods cgroups exist: another kubelet's pods run on this host"
     S=$(realpath -m "${GPUWARDEN_K8S_STATE:-$(mktemp -d /tmp/gpuwarden-k8s.XXXXXX)}")
     # Teardown removes it: never a directory that holds anything else.
     [ -z "$(ls -A "$S" 2>/dev/null)" ] || die "$S is not empty"
