@@ -13,11 +13,14 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
 )
 
 const (
@@ -314,6 +317,17 @@ func TestDevicePluginOnRealKubelet(t *testing.T) {
 			if lib == nil || !hasOpt(lib[5], "ro") || !strings.HasSuffix(lib[3], "/libgpuwarden.so") {
 				t.Errorf("interposer mount: %v, want libgpuwarden.so read-only", lib)
 			}
+			// The kubelet's pod-resources API, which the agent reads for its
+			// labels, holds the same devices.
+			ids := c.podDevices(t, tc.pod, "main", tc.res)
+			if int64(len(ids)) != tc.n {
+				t.Errorf("pod-resources: %s holds %v, want %d devices", tc.res, ids, tc.n)
+			}
+			for _, id := range ids {
+				if !strings.HasPrefix(id, uuid+"::") {
+					t.Errorf("pod-resources: device %s is not on GPU %s", id, uuid)
+				}
+			}
 			prefix := filepath.Join(control, tc.dir+uuid+"-")
 			for file, opt := range map[string]string{"limits": "ro", "usage": "rw"} {
 				m := out.mounts["/run/gpuwarden/root/"+file]
@@ -351,6 +365,40 @@ func TestDevicePluginOnRealKubelet(t *testing.T) {
 	if p.Status.Phase != corev1.PodPending || p.Spec.NodeName != "" {
 		t.Errorf("too-big: phase %s on node %q, want Pending and unscheduled", p.Status.Phase, p.Spec.NodeName)
 	}
+}
+
+// podDevices is the device ids of res that the kubelet's pod-resources API
+// reports for one container.
+func (c *cluster) podDevices(t *testing.T, pod, container string, res corev1.ResourceName) []string {
+	t.Helper()
+	conn, err := grpc.NewClient("unix://"+c.podRes, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatalf("pod-resources: %v", err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := podresources.NewPodResourcesListerClient(conn).List(ctx, &podresources.ListPodResourcesRequest{})
+	if err != nil {
+		t.Fatalf("pod-resources list: %v", err)
+	}
+	var ids []string
+	for _, p := range resp.GetPodResources() {
+		if p.GetNamespace() != c.namespace || p.GetName() != pod {
+			continue
+		}
+		for _, ct := range p.GetContainers() {
+			if ct.GetName() != container {
+				continue
+			}
+			for _, d := range ct.GetDevices() {
+				if d.GetResourceName() == string(res) {
+					ids = append(ids, d.GetDeviceIds()...)
+				}
+			}
+		}
+	}
+	return ids
 }
 
 func hasOpt(opts, want string) bool {
