@@ -261,7 +261,8 @@ var uuidRe = regexp.MustCompile(`^GPU-[0-9a-fA-F-]+$`)
 // TestDevicePluginOnRealKubelet: the agent registers both resources with a
 // real kubelet; the node offers them; pods that fit run with the
 // environment and mounts Allocate gave them, bound to the agent's control
-// block for them; a pod asking for more than the node has stays Pending.
+// block for them, and the kubelet's pod-resources API reports their
+// devices; a pod asking for more than the node has stays Pending.
 func TestDevicePluginOnRealKubelet(t *testing.T) {
 	c := needCluster(t)
 	control := startAgent(t, c)
