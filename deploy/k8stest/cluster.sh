@@ -1,0 +1,417 @@
+#!/usr/bin/env bash
+# cluster.sh: a real single-node Kubernetes cluster for gpuwarden's end-to-end
+# tests, built from source and run inside a network namespace of its own.
+#
+#   cluster.sh build         build the Kubernetes binaries into the cache (once per version)
+#   cluster.sh run CMD...    build, bring the cluster up, run CMD, tear it all down
+#
+# Knobs (environment):
+#   GPUWARDEN_K8S_CACHE  where built binaries are kept between runs
+#                        (default /var/cache/gpuwarden-k8s)
+#   GPUWARDEN_K8S_STATE  the cluster's working directory for one run, absent or
+#                        empty; it is removed at teardown (default: a new
+#                        directory under /tmp)
+#   GPUWARDEN_K8S_KEEP=1 keep the state directory (logs) after teardown
+#   GO                   the go command (default go)
+#
+# The Kubernetes version is the one deploy/k8stest/go.mod requires; etcd is
+# the one that version's module graph holds.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+GO=${GO:-go}
+K8S_VERSION=$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' "$HERE/go.mod")
+CACHE_ROOT=${GPUWARDEN_K8S_CACHE:-/var/cache/gpuwarden-k8s}
+CACHE=$CACHE_ROOT/$K8S_VERSION
+
+log() { echo "k8stest: $*" >&2; }
+die() { log "$*"; exit 1; }
+
+# build: one `go build` of the server binaries, kubectl and etcd into
+# $CACHE/bin. A stamp names the inputs (go.sum, which changes with any
+# version or replacement, and the flags), so a changed module graph rebuilds
+# and an unchanged one costs nothing; go.mod is left out because the tests'
+# own imports change it without changing the graph. nice: these machines are
+# shared with timing tests.
+build() {
+    local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
+    local ldflags="" pkg
+    for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+        ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
+    done
+    local stamp
+    stamp=$(cat "$HERE/go.sum" <(echo "$ldflags") | sha256sum | cut -d' ' -f1)
+    if [ -f "$CACHE/bin/.stamp" ] && [ "$(cat "$CACHE/bin/.stamp")" = "$stamp" ]; then
+        return
+    fi
+    log "building Kubernetes $K8S_VERSION into $CACHE/bin (cold: 10 minutes or more)"
+    mkdir -p "$CACHE"
+    local tmp
+    tmp=$(mktemp -d "$CACHE/bin.XXXXXX")
+    (cd "$HERE" && CGO_ENABLED=0 nice -n 19 "$GO" build -trimpath -ldflags "-s -w$ldflags" -o "$tmp/" \
+        k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
+        k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl \
+        go.etcd.io/etcd/server/v3) || { rm -rf "$tmp"; die "build failed"; }
+    mv "$tmp/server" "$tmp/etcd" # go names etcd's main package after its module's last element
+    echo "$stamp" >"$tmp/.stamp"
+    rm -rf "$CACHE/bin" && mv "$tmp" "$CACHE/bin"
+}
+
+# The cluster's fixed names and addresses. They exist only inside the
+# network namespace, so they cannot collide with the host or other runs.
+NODE=gpuwarden-k8s
+NODE_IP=10.213.0.1  # the veth inside the namespace: the node's InternalIP
+POD_CIDR=10.214.0.0/24
+SERVICE_CIDR=10.96.0.0/24
+# The kubelet changes these kernel settings at start; teardown puts them back.
+SYSCTLS=(vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops
+    kernel/keys/root_maxkeys kernel/keys/root_maxbytes)
+# Host paths that the kubelet and containerd use whatever their root
+# directories say; teardown removes those that were not there before.
+HOST_PATHS=(/var/lib/kubelet /var/lib/kubelet/device-plugins /var/lib/cni /var/log/containers
+    /var/log/pods /run/containerd /run/netns)
+DEVICE_PLUGINS=/var/lib/kubelet/device-plugins # the kubelet's, fixed in its code
+
+S= NS= CMD_PID= PIDS=() NAMES=()
+
+# start NAME CMD...: a component inside the namespace, logging to $S/log/NAME.log.
+# nsenter execs the command, so $! is the component's own PID.
+start() {
+    local name=$1; shift
+    nsenter --net="/run/netns/$NS" "$@" >"$S/log/$name.log" 2>&1 &
+    PIDS+=($!) NAMES+=("$name")
+}
+
+kctl() { nsenter --net="/run/netns/$NS" "$CACHE/bin/kubectl" --kubeconfig "$S/admin.kubeconfig" "$@"; }
+
+# wait_for WHAT SECONDS CMD...: retry CMD until it succeeds, or fail naming
+# WHAT and the logs to read. Timeouts are generous: the machines are shared.
+wait_for() {
+    local what=$1 secs=$2; shift 2
+    local end=$((SECONDS + secs))
+    until "$@" >/dev/null 2>&1; do
+        [ $SECONDS -lt $end ] || die "$what: not within ${secs}s (logs in $S/log)"
+        local i
+        for i in "${!PIDS[@]}"; do
+            kill -0 "${PIDS[$i]}" 2>/dev/null || die "$what: ${NAMES[$i]} exited (see $S/log/${NAMES[$i]}.log)"
+        done
+        sleep 0.5
+    done
+}
+
+# cert NAME SUBJECT [SANS]: a key and a certificate signed by the cluster CA.
+cert() {
+    local name=$1 subj=$2 sans=${3:-}
+    local ext="extendedKeyUsage=serverAuth,clientAuth"
+    [ -z "$sans" ] || ext+=$'\n'"subjectAltName=$sans"
+    openssl req -new -newkey rsa:2048 -nodes -keyout "$S/pki/$name.key" -subj "$subj" 2>/dev/null |
+        openssl x509 -req -CA "$S/pki/ca.crt" -CAkey "$S/pki/ca.key" -CAcreateserial -days 2 \
+            -extfile <(printf '%s\n' "$ext") -out "$S/pki/$name.crt" 2>/dev/null
+}
+
+kubeconfig() { # kubeconfig FILE CERTNAME
+    cat >"$1" <<EOK
+apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster: {server: "https://127.0.0.1:6443", certificate-authority: "$S/pki/ca.crt"}
+users:
+- name: user
+  user: {client-certificate: "$S/pki/$2.crt", client-key: "$S/pki/$2.key"}
+contexts:
+- name: local
+  context: {cluster: local, user: user}
+current-context: local
+EOK
+}
+
+# image NAME ROOTFS [ENTRYPOINT]: a docker-archive tar of one layer, which
+# `ctr images import` reads; nothing is pulled.
+image() {
+    local name=$1 root=$2 entry=${3:-null} dir
+    dir=$(mktemp -d "$S/images/tar.XXXXXX")
+    tar -C "$root" --numeric-owner -cf "$dir/layer.tar" .
+    local diff
+    diff=$(sha256sum "$dir/layer.tar" | cut -d' ' -f1)
+    printf '{"architecture":"amd64","os":"linux","config":{"Env":["PATH=/bin"],"Entrypoint":%s},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
+        "$entry" "$diff" >"$dir/config.json"
+    printf '[{"Config":"config.json","RepoTags":["%s"],"Layers":["layer.tar"]}]' "$name" >"$dir/manifest.json"
+    tar -C "$dir" -cf "$S/images/$(basename "$root").tar" manifest.json config.json layer.tar
+    rm -rf "$dir"
+}
+
+up() {
+    mkdir -p "$S"/{log,pki,host,images,etcd,kubelet,containerd,cni/net.d,cni/ipam,pod-logs}
+
+    # What the host had before, for teardown.
+    local p
+    for p in "${SYSCTLS[@]}"; do echo "$p $(cat "/proc/sys/$p")"; done >"$S/host/sysctl"
+    for p in "${HOST_PATHS[@]}"; do [ -e "$p" ] || echo "$p"; done >"$S/host/absent"
+    ls -d /run/netns/cni-* >"$S/host/netns-before" 2>/dev/null || true
+
+    # The network namespace: loopback, and a veth pair whose two ends both
+    # stay inside it. The default route points at the veth, so anything not
+    # local to the namespace goes nowhere.
+    ip netns add "gpuwarden-k8s-$$"
+    NS=gpuwarden-k8s-$$
+    local in=(nsenter --net="/run/netns/$NS")
+    "${in[@]}" ip link set lo up
+    "${in[@]}" ip link add gwk0 type veth peer name gwk1
+    "${in[@]}" ip addr add "$NODE_IP/24" dev gwk0
+    "${in[@]}" ip link set gwk0 up
+    "${in[@]}" ip link set gwk1 up
+    "${in[@]}" ip route add default dev gwk0
+
+    # Certificates: one CA; the API server's serving certificate; clients.
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout "$S/pki/ca.key" -subj /CN=gpuwarden-k8s-ca \
+        -days 2 -out "$S/pki/ca.crt" 2>/dev/null
+    cert apiserver /CN=kube-apiserver \
+        "IP:127.0.0.1,IP:$NODE_IP,IP:${SERVICE_CIDR%0/*}1,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc"
+    cert admin "/O=system:masters/CN=admin"
+    cert apiserver-kubelet "/O=system:masters/CN=kube-apiserver-kubelet-client"
+    cert kubelet "/O=system:nodes/CN=system:node:$NODE" "IP:$NODE_IP,DNS:$NODE"
+    openssl genrsa -out "$S/pki/sa.key" 2048 2>/dev/null
+    openssl rsa -in "$S/pki/sa.key" -pubout -out "$S/pki/sa.pub" 2>/dev/null
+    kubeconfig "$S/admin.kubeconfig" admin
+    kubeconfig "$S/kubelet.kubeconfig" kubelet
+
+    # Images: a static pause and busybox, imported into containerd below.
+    mkdir -p "$S/images/pause" "$S/images/busybox/bin"
+    printf '%s\n' '#include <signal.h>' '#include <unistd.h>' \
+        'static void stop(int s) { (void)s; _exit(0); }' \
+        'int main(void) { signal(SIGCHLD, SIG_IGN); signal(SIGTERM, stop); signal(SIGINT, stop); for (;;) pause(); }' |
+        gcc -static -O2 -x c -o "$S/images/pause/pause" -
+    cp /bin/busybox "$S/images/busybox/bin/busybox"
+    local applet
+    for applet in $(busybox --list); do
+        [ "$applet" = busybox ] || ln -s busybox "$S/images/busybox/bin/$applet"
+    done
+    image gpuwarden.test/pause:1 "$S/images/pause" '["/pause"]'
+    image gpuwarden.test/busybox:1 "$S/images/busybox"
+
+    start etcd "$CACHE/bin/etcd" --name default --data-dir "$S/etcd" --unsafe-no-fsync \
+        --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
+        --listen-peer-urls http://127.0.0.1:2380 --initial-advertise-peer-urls http://127.0.0.1:2380 \
+        --initial-cluster default=http://127.0.0.1:2380 --log-level warn
+
+    start kube-apiserver "$CACHE/bin/kube-apiserver" --etcd-servers http://127.0.0.1:2379 \
+        --advertise-address "$NODE_IP" --secure-port 6443 --service-cluster-ip-range "$SERVICE_CIDR" \
+        --tls-cert-file "$S/pki/apiserver.crt" --tls-private-key-file "$S/pki/apiserver.key" \
+        --client-ca-file "$S/pki/ca.crt" --authorization-mode Node,RBAC --enable-admission-plugins NodeRestriction \
+        --service-account-issuer https://kubernetes.default.svc --service-account-key-file "$S/pki/sa.pub" \
+        --service-account-signing-key-file "$S/pki/sa.key" --allow-privileged \
+        --kubelet-client-certificate "$S/pki/apiserver-kubelet.crt" --kubelet-client-key "$S/pki/apiserver-kubelet.key" \
+        --kubelet-preferred-address-types InternalIP --cert-dir "$S/pki/apiserver" --profiling=false
+    wait_for "the API server" 180 kctl get --raw /readyz
+
+    start kube-controller-manager "$CACHE/bin/kube-controller-manager" --kubeconfig "$S/admin.kubeconfig" \
+        --authentication-kubeconfig "$S/admin.kubeconfig" --authorization-kubeconfig "$S/admin.kubeconfig" \
+        --bind-address 127.0.0.1 --leader-elect=false --root-ca-file "$S/pki/ca.crt" \
+        --service-account-private-key-file "$S/pki/sa.key" --use-service-account-credentials=false \
+        --cert-dir "$S/pki/controller-manager" --profiling=false
+    start kube-scheduler "$CACHE/bin/kube-scheduler" --kubeconfig "$S/admin.kubeconfig" \
+        --authentication-kubeconfig "$S/admin.kubeconfig" --authorization-kubeconfig "$S/admin.kubeconfig" \
+        --bind-address 127.0.0.1 --leader-elect=false --profiling=false
+
+    # containerd 1.6 with everything under $S. restrict_oom_score_adj: root
+    # here lacks CAP_SYS_RESOURCE, and runc fails to lower oom_score_adj.
+    cat >"$S/containerd/config.toml" <<EOC
+version = 2
+root = "$S/containerd/root"
+state = "$S/containerd/state"
+[grpc]
+  address = "$S/containerd/containerd.sock"
+[ttrpc]
+  address = "$S/containerd/containerd.sock.ttrpc"
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$S/containerd/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "gpuwarden.test/pause:1"
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "/usr/lib/cni"
+    conf_dir = "$S/cni/net.d"
+EOC
+    cat >"$S/cni/net.d/10-gpuwarden.conflist" <<EOC
+{"cniVersion": "1.0.0", "name": "gpuwarden-k8s", "plugins": [
+  {"type": "bridge", "bridge": "gwkbr0", "isGateway": true, "ipMasq": false,
+   "ipam": {"type": "host-local", "dataDir": "$S/cni/ipam", "ranges": [[{"subnet": "$POD_CIDR"}]],
+            "routes": [{"dst": "0.0.0.0/0"}]}}]}
+EOC
+    start containerd containerd --config "$S/containerd/config.toml"
+    local ctr=(ctr --address "$S/containerd/containerd.sock" -n k8s.io)
+    wait_for containerd 60 "${ctr[@]}" version
+    "${ctr[@]}" images import "$S/images/pause.tar" >/dev/null
+    "${ctr[@]}" images import "$S/images/busybox.tar" >/dev/null
+
+    cat >"$S/kubelet/config.yaml" <<EOC
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $NODE_IP
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: "$S/pki/ca.crt"}
+authorization: {mode: Webhook}
+tlsCertFile: "$S/pki/kubelet.crt"
+tlsPrivateKeyFile: "$S/pki/kubelet.key"
+cgroupDriver: cgroupfs
+failSwapOn: false
+podLogsDir: "$S/pod-logs"
+# A shared test machine: never evict or collect images for disk or memory.
+evictionHard: {memory.available: "1Mi", nodefs.available: "0%", imagefs.available: "0%", nodefs.inodesFree: "0%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+EOC
+    start kubelet "$CACHE/bin/kubelet" --config "$S/kubelet/config.yaml" --kubeconfig "$S/kubelet.kubeconfig" \
+        --root-dir "$S/kubelet" --cert-dir "$S/kubelet/pki" --hostname-override "$NODE" --node-ip "$NODE_IP" \
+        --container-runtime-endpoint "unix://$S/containerd/containerd.sock"
+    wait_for "node $NODE Ready" 240 kctl wait --for=condition=Ready "node/$NODE" --timeout=5s
+    # Pods are refused until the namespace's service account exists.
+    wait_for "the default service account" 120 kctl get serviceaccount default
+}
+
+# stop PID NAME: SIGTERM, then SIGKILL after 30 seconds.
+stop() {
+    local pid=$1 i
+    kill -TERM "$pid" 2>/dev/null || return 0
+    for i in $(seq 60); do
+        kill -0 "$pid" 2>/dev/null || return 0
+        sleep 0.5
+    done
+    log "$2 (pid $pid) did not stop on SIGTERM; killing it"
+    kill -KILL "$pid" 2>/dev/null || true
+}
+
+# cgroup_dirs: the kubelet's pod cgroups in every hierarchy, deepest first.
+cgroup_dirs() {
+    awk '$9 == "cgroup" || $9 == "cgroup2" { print $5 }' /proc/self/mountinfo | while read -r m; do
+        [ -d "$m/kubepods" ] && find "$m/kubepods" -depth -type d
+    done
+}
+
+# teardown: undo up, whatever state it reached, and say what could not be
+# undone. Every step runs even when one before it failed.
+teardown() {
+    set +e
+    local failed=0 t0=$SECONDS i pid m d p v
+    case "$S" in /?*/?*) ;; *) return 0 ;; esac # nothing of ours to find without it
+    # The command first, when a signal ended the run before it finished.
+    if [ -n "$CMD_PID" ] && kill -0 "$CMD_PID" 2>/dev/null; then
+        stop "$CMD_PID" "the command"
+    fi
+    if [ ${#PIDS[@]} -gt 0 ]; then
+        # Pods first, through the kubelet, so sandboxes and their network go cleanly.
+        kctl delete pods --all --all-namespaces --grace-period=1 --timeout=60s >/dev/null 2>&1
+    fi
+    # Components in the reverse order of their start, each by its own PID.
+    for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+        stop "${PIDS[$i]}" "${NAMES[$i]}"
+        wait "${PIDS[$i]}" 2>/dev/null
+    done
+    # What outlives them: containerd's shims (named by our socket) and any
+    # process left in a pod cgroup.
+    for pid in $(grep -lsF -- "$S/containerd/containerd.sock" /proc/[0-9]*/cmdline | cut -d/ -f3); do
+        kill -KILL "$pid" 2>/dev/null
+    done
+    for pid in $(cgroup_dirs | sed 's|$|/cgroup.procs|' | xargs -r cat 2>/dev/null | sort -u); do
+        kill -KILL "$pid" 2>/dev/null
+    done
+    # Mounts under the state directory, and the pods' network namespaces
+    # that containerd made, deepest first.
+    for m in $(awk -v s="$S/" 'index($5, s) == 1 { print $5 }' /proc/self/mountinfo | sort -r) \
+        $(ls -d /run/netns/cni-* 2>/dev/null | grep -vxF -f "$S/host/netns-before"); do
+        if grep -q " $m " /proc/self/mountinfo; then
+            umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || { log "could not unmount $m"; failed=1; }
+        fi
+        case "$m" in /run/netns/cni-*) rm -f "$m" ;; esac
+    done
+    for d in $(cgroup_dirs); do
+        for i in $(seq 20); do rmdir "$d" 2>/dev/null && break; sleep 0.5; done
+        [ ! -d "$d" ] || { log "could not remove cgroup $d"; failed=1; }
+    done
+    if [ -f "$S/host/sysctl" ]; then
+        while read -r p v; do
+            [ "$(cat "/proc/sys/$p")" = "$v" ] || echo "$v" >"/proc/sys/$p" || { log "could not restore $p"; failed=1; }
+        done <"$S/host/sysctl"
+    fi
+    if [ -n "$NS" ]; then
+        ip netns delete "$NS" || { log "could not delete network namespace $NS"; failed=1; }
+    fi
+    if [ -f "$S/host/absent" ]; then
+        while read -r p; do
+            case "$p" in
+            # ip netns makes this directory a bind mount of itself; others may
+            # have made namespaces in it since.
+            /run/netns) [ -n "$(ls -A "$p" 2>/dev/null)" ] || { umount "$p" 2>/dev/null; rmdir "$p" 2>/dev/null; } ;;
+            *) rm -rf "$p" ;;
+            esac
+        done <"$S/host/absent"
+    fi
+    if [ "${GPUWARDEN_K8S_KEEP:-}" != 1 ]; then
+        rm -rf "$S" || { log "could not remove $S"; failed=1; }
+    else
+        log "state and logs kept in $S"
+    fi
+    log "teardown took $((SECONDS - t0))s"
+    [ $failed -eq 0 ] || log "teardown was incomplete (above)"
+    return $failed
+}
+
+# run CMD...: one cluster for CMD, run inside the namespace with
+# KUBECONFIG and the GPUWARDEN_K8S_* paths below in its environment; its
+# exit status is CMD's, or 1 when CMD passed and teardown was incomplete.
+run() {
+    [ $# -gt 0 ] || die "usage: cluster.sh run CMD..."
+    [ "$(id -u)" -eq 0 ] || die "the cluster needs root"
+    build
+    # One cluster at a time, whatever its version: the kubelet's
+    # device-plugins directory is fixed. A kubelet of the host's own would
+    # share it too.
+    exec 9>"$CACHE_ROOT/lock"
+    flock -w 1800 9 || die "another cluster has held $CACHE_ROOT/lock for 30 minutes"
+    [ ! -S "$DEVICE_PLUGINS/kubelet.sock" ] || die "$DEVICE_PLUGINS/kubelet.sock exists: a kubelet runs on this host"
+    # Teardown kills whatever is left in kubepods cgroups: only ours.
+    [ -z "$(cgroup_dirs)" ] || die "kubepods cgroups exist: another kubelet's pods run on this host"
+    S=$(realpath -m "${GPUWARDEN_K8S_STATE:-$(mktemp -d /tmp/gpuwarden-k8s.XXXXXX)}")
+    # Teardown removes it: never a directory that holds anything else.
+    [ -z "$(ls -A "$S" 2>/dev/null)" ] || die "$S is not empty"
+    trap 'exit 130' INT TERM
+    trap 'rc=$?; trap - EXIT; teardown || { [ $rc -ne 0 ] || rc=1; }; exit $rc' EXIT
+    local t0=$SECONDS status=0
+    log "cluster state in $S"
+    up
+    log "node $NODE Ready after $((SECONDS - t0))s"
+    KUBECONFIG=$S/admin.kubeconfig \
+        GPUWARDEN_K8S_STATE=$S \
+        GPUWARDEN_K8S_NODE=$NODE \
+        GPUWARDEN_K8S_KUBECTL=$CACHE/bin/kubectl \
+        GPUWARDEN_K8S_DEVICE_PLUGINS=$DEVICE_PLUGINS \
+        GPUWARDEN_K8S_POD_RESOURCES_SOCKET=$S/kubelet/pod-resources/kubelet.sock \
+        nsenter --net="/run/netns/$NS" "$@" <&0 &
+    # In the background, so that a signal to this script ends the wait at
+    # once and teardown stops the command by its PID.
+    CMD_PID=$!
+    wait "$CMD_PID" || status=$?
+    CMD_PID=
+    exit $status
+}
+
+main() {
+    case "${1:-}" in
+    build) build ;;
+    run) shift; run "$@" ;;
+    *) die "usage: cluster.sh build | run CMD..." ;;
+    esac
+}
+
+# One line, so that bash has read the exit before main runs: a script
+# edited while it runs must not go on with the new text.
+main "$@"; exit
