@@ -232,6 +232,14 @@ func TestAgentSchedulesEachGPUByUUID(t *testing.T) {
 		return nil
 	})
 
+	// ctl names a GPU by index or UUID alike.
+	for _, arg := range []string{fmt.Sprint(gpus - 1), n.uuids[gpus-1]} {
+		want := fmt.Sprintf("GPU %d (%s): policy weighted, max_inst 8,", gpus-1, n.uuids[gpus-1])
+		if out, err := ctl(t, n.agent, "gpu", arg); err != nil || !strings.Contains(out, want) {
+			t.Errorf("ctl gpu %s: %v: %s, want %q", arg, err, out, want)
+		}
+	}
+
 	// smi lists each pod under its GPU.
 	out, err := exec.Command(simtest.Bin(t, "gpuwarden"), "smi", "--agent", n.agent.Addr).CombinedOutput()
 	if err != nil {
