@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -275,4 +276,64 @@ func smiGPUOf(table string) map[string]string {
 		}
 	}
 	return out
+}
+
+// TestAgentSchedulesContainerOnTwoGPUs: a container that sees two GPUs in
+// its own order (CUDA_VISIBLE_DEVICES=<GPU 2>,<GPU 0>) and runs a process
+// on each is scheduled on both GPUs, and each process's launches are
+// reported on the GPU it ran on.
+func TestAgentSchedulesContainerOnTwoGPUs(t *testing.T) {
+	simtest.RequirePrivileged(t, "eBPF and cgroups")
+	m := simtest.NewMachine(t, 3, "16Gi")
+	agent := simtest.StartAgent(t, m)
+	var devs collector.DevicesResponse
+	agent.GetJSON(t, "/api/v1/devices", &devs)
+	uuids := map[int]string{}
+	for _, d := range devs.Devices {
+		uuids[d.Index] = d.UUID
+	}
+	cg := simtest.NewCgroup(t, "two")
+	ordinalGPU := []int{2, 0} // the container's ordinal 0 is GPU 2, ordinal 1 GPU 0
+	pids := map[int]int{}     // GPU -> pid
+	for ord, gpu := range ordinalGPU {
+		cmd := cg.Place(m.Command(simtest.Bin(t, "simgpu/workload"), "--alloc", "256Mi", "--seconds", "300",
+			"--kernels", "8", "--kernel-ns", "2000000", "--device", fmt.Sprint(ord)))
+		cmd.Env = append(cmd.Env, "LD_PRELOAD="+simtest.Bin(t, "libgpuwarden.so"), "GPUWARDEN_CONTROL_DIR="+agent.ControlDir,
+			"GPUWARDEN_COMPUTE_WEIGHT=2", "CUDA_VISIBLE_DEVICES="+uuids[2]+","+uuids[0])
+		w := simtest.Start(t, cmd)
+		w.WaitLine(t, "ready", 20*time.Second)
+		pids[gpu] = w.Cmd.Process.Pid
+	}
+	simtest.Eventually(t, 30*time.Second, func() error {
+		var info []struct {
+			UUID       string `json:"uuid"`
+			Containers int    `json:"containers"`
+		}
+		agent.GetJSON(t, "/api/v1/gpus", &info)
+		on := map[string]int{}
+		for _, g := range info {
+			on[g.UUID] = g.Containers
+		}
+		if on[uuids[2]] != 1 || on[uuids[0]] != 1 || on[uuids[1]] != 0 {
+			return fmt.Errorf("containers scheduled per GPU %v, want one on %s and %s", on, uuids[2], uuids[0])
+		}
+		var resp collector.ContainersResponse
+		agent.GetJSON(t, "/api/v1/containers", &resp)
+		for _, gpu := range ordinalGPU {
+			var e *collector.ContainerDevice
+			for i, c := range resp.Containers {
+				if c.CgroupID == cg.ID && c.GPU == gpu {
+					e = &resp.Containers[i]
+				}
+			}
+			if e == nil {
+				return fmt.Errorf("the container is not listed on GPU %d: %+v", gpu, resp.Containers)
+			}
+			if e.UUID != uuids[gpu] || e.Launches == 0 || !slices.Contains(e.PIDs, pids[gpu]) || len(e.PIDs) != 1 {
+				return fmt.Errorf("on GPU %d: uuid %s, launches %v, pids %v; want %s, some launches, pid %d alone",
+					gpu, e.UUID, e.Launches, e.PIDs, uuids[gpu], pids[gpu])
+			}
+		}
+		return nil
+	})
 }
