@@ -151,12 +151,14 @@ func (e *enforcement) loop(ctx context.Context) {
 func (e *enforcement) discover() {
 	dirs, _ := os.ReadDir(e.a.cfg.ControlDir)
 	seen := map[string]bool{}
+	// The node's GPUs are listed once a round, when a container needs them.
+	nodeGPUs := sync.OnceValues(e.nodeGPUs)
 	for _, d := range dirs {
 		if !d.IsDir() {
 			continue
 		}
 		seen[d.Name()] = true
-		if err := e.track(d.Name()); err != nil {
+		if err := e.track(d.Name(), nodeGPUs); err != nil {
 			e.a.log.Debug("not enforcing", "dir", d.Name(), "err", err)
 		}
 	}
@@ -174,7 +176,7 @@ func (e *enforcement) discover() {
 	}
 }
 
-func (e *enforcement) track(dir string) error {
+func (e *enforcement) track(dir string, nodeGPUs func() ([]string, error)) error {
 	if e.unchanged(dir) {
 		return nil
 	}
@@ -189,7 +191,7 @@ func (e *enforcement) track(dir string) error {
 	if err != nil {
 		return fmt.Errorf("cgroup claim refused: %w", err)
 	}
-	node, err := e.nodeGPUs()
+	node, err := nodeGPUs()
 	if err != nil {
 		return fmt.Errorf("list the node's GPUs: %w", err)
 	}
