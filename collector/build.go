@@ -23,10 +23,11 @@ type joiner struct {
 	index    map[string]int // NVML index by UUID
 	node     []string       // the node's GPUs by index; nil: NVML not read
 	labels   LabelFunc
-	procs    map[Key][]gpuProc // the processes NVML lists, by cgroup and device
-	ordinals map[Key]int       // the CUDA ordinal of each entry a ledger covers
-	held     map[Key]float64   // shares the scheduler holds containers to (Sources.Held)
-	seenPIDs map[int]gpuProc   // identified this time, kept for the next view
+	procs    map[Key][]gpuProc       // the processes NVML lists, by cgroup and device
+	ordinals map[Key]int             // the CUDA ordinal of each entry a ledger covers
+	nvmlGPUs map[uint64]map[int]bool // the GPUs NVML lists each container's processes on
+	held     map[Key]float64         // shares the scheduler holds containers to (Sources.Held)
+	seenPIDs map[int]gpuProc         // identified this time, kept for the next view
 }
 
 func (j *joiner) entry(cg uint64, gpu int) *ContainerDevice {
@@ -51,7 +52,7 @@ func (j *joiner) source(name string, err error) bool {
 
 func (c *Collector) build(ctx context.Context) *View {
 	j := &joiner{c: c, v: &View{Node: c.node, Time: time.Now()}, entries: map[Key]*ContainerDevice{},
-		uuids: map[int]string{}, index: map[string]int{}, live: map[uint64]bool{}, procs: map[Key][]gpuProc{}, ordinals: map[Key]int{}, seenPIDs: map[int]gpuProc{}}
+		uuids: map[int]string{}, index: map[string]int{}, live: map[uint64]bool{}, procs: map[Key][]gpuProc{}, ordinals: map[Key]int{}, nvmlGPUs: map[uint64]map[int]bool{}, seenPIDs: map[int]gpuProc{}}
 	var devs []nvmldev.Device
 	if c.src.NVML != nil {
 		var err error
@@ -73,13 +74,13 @@ func (c *Collector) build(ctx context.Context) *View {
 		}
 	}
 	ledgers, rejected := j.readLedgers()
+	j.addNVML(devs) // first: where NVML lists a container tells eBPF's ordinals apart
 	if c.src.EBPF != nil {
 		snap, err := c.src.EBPF()
 		if j.source("ebpf", err) {
 			j.addEBPF(snap, ledgers)
 		}
 	}
-	j.addNVML(devs)
 	j.finish(ledgers, rejected)
 	return j.v
 }
@@ -124,9 +125,10 @@ func (j *joiner) place(l *ledger) {
 	j.c.unmapped[l.dir] = len(unknown) > 0
 }
 
-// gpuOf is the GPU (NVML index) of a CUDA ordinal of a container, by its
-// ledger; without one, only a node of one GPU names it.
-func (j *joiner) gpuOf(l *ledger, ordinal int) int {
+// gpuOf is the GPU (NVML index) of a CUDA ordinal of container cg, by its
+// ledger. Without one, only a node of one GPU, or NVML listing the
+// container's processes on one GPU alone, names it.
+func (j *joiner) gpuOf(cg uint64, l *ledger, ordinal int) int {
 	if l != nil {
 		return l.gpus[ordinal]
 	}
@@ -135,6 +137,11 @@ func (j *joiner) gpuOf(l *ledger, ordinal int) int {
 	}
 	if u := (&controlblock.UsageSnapshot{}).GPUs(j.node)[ordinal]; u != "" {
 		return j.index[u]
+	}
+	if gpus := j.nvmlGPUs[cg]; len(gpus) == 1 {
+		for g := range gpus {
+			return g
+		}
 	}
 	return NoGPU
 }
@@ -219,7 +226,7 @@ func (j *joiner) addEBPF(s observe.Snapshot, ledgers map[uint64]*ledger) {
 		if u.Device < 0 || u.Device >= controlblock.MaxDevices {
 			continue // no context of the caller was seen: no device to charge
 		}
-		gpu := j.gpuOf(ledgers[u.Cgroup], u.Device)
+		gpu := j.gpuOf(u.Cgroup, ledgers[u.Cgroup], u.Device)
 		active := u.Bytes > 0 || u.LaunchRate > 0 || u.ContextsCreated > u.ContextsDestroyed
 		e, seen := j.entries[Key{u.Cgroup, gpu}]
 		if !seen && !active && u.AllocFailures == 0 {
@@ -229,11 +236,14 @@ func (j *joiner) addEBPF(s observe.Snapshot, ledgers map[uint64]*ledger) {
 			e = j.entry(u.Cgroup, gpu)
 		}
 		if u.Bytes > 0 {
+			if e.MemorySource != "ebpf" {
+				e.MemoryUsedBytes = 0 // eBPF's figure, to the byte, replaces NVML's
+			}
 			e.MemoryUsedBytes, e.MemorySource = e.MemoryUsedBytes+uint64(u.Bytes), "ebpf"
 		}
 		e.AllocFailuresDevice += u.AllocFailures
 		e.Launches += u.LaunchesEstimated
-		e.Unenforced = active // cleared in finish for containers with a ledger
+		e.Unenforced = e.Unenforced || active // cleared in finish for containers with a ledger
 	}
 }
 
@@ -250,6 +260,10 @@ func (j *joiner) addNVML(devs []nvmldev.Device) {
 				continue
 			}
 			e := j.entry(cg, d.Index)
+			if j.nvmlGPUs[cg] == nil {
+				j.nvmlGPUs[cg] = map[int]bool{}
+			}
+			j.nvmlGPUs[cg][d.Index] = true
 			j.procs[Key{cg, d.Index}] = append(j.procs[Key{cg, d.Index}], j.identify(int(p.PID)))
 			e.CgroupPath = path
 			e.ComputeShare += p.Utilization
