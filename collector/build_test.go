@@ -79,3 +79,28 @@ func TestLedgerOrdinalsLandOnTheirGPUs(t *testing.T) {
 		t.Errorf("ledgers logged for GPUs of unknown UUID: %v, want old alone", j.c.unmapped)
 	}
 }
+
+// TestOrdinalsWithoutLedger: a container without a ledger (a bypass) is
+// placed by where NVML lists its processes, never by its ordinal alone.
+func TestOrdinalsWithoutLedger(t *testing.T) {
+	node := []string{"GPU-a", "GPU-b", "GPU-c"}
+	j := &joiner{node: node, index: map[string]int{"GPU-a": 0, "GPU-b": 1, "GPU-c": 2},
+		nvmlGPUs: map[uint64]map[int]bool{1: {2: true}, 2: {0: true, 1: true}}}
+	for _, tt := range []struct {
+		cg      uint64
+		ordinal int
+		want    int
+	}{
+		{1, 0, 2},     // NVML lists it on GPU 2 alone
+		{2, 0, NoGPU}, // on two GPUs: which is ordinal 0 is not known
+		{3, 1, NoGPU}, // NVML lists none of its processes
+	} {
+		if got := j.gpuOf(tt.cg, nil, tt.ordinal); got != tt.want {
+			t.Errorf("cgroup %d ordinal %d: GPU %d, want %d", tt.cg, tt.ordinal, got, tt.want)
+		}
+	}
+	one := &joiner{node: node[:1], index: map[string]int{"GPU-a": 0}}
+	if got := one.gpuOf(3, nil, 0); got != 0 {
+		t.Errorf("on a node of one GPU, ordinal 0: GPU %d, want 0", got)
+	}
+}
