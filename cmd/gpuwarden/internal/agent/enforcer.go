@@ -240,12 +240,13 @@ func (e *enforcement) track(dir string, nodeGPUs func() ([]string, error)) error
 
 // unchanged says whether a container under the scheduler still uses the
 // same devices, read from its mapped ledger: re-reading every ledger twice
-// a second would cost more than the scheduling itself.
+// a second would cost more than the scheduling itself. One that uses a GPU
+// of unknown UUID is read again, until its ledger names it.
 func (e *enforcement) unchanged(dir string) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	m := e.members[dir]
-	if m == nil {
+	if m == nil || len(m.devices) != len(m.used) {
 		return false
 	}
 	n := 0
