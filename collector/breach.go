@@ -139,7 +139,11 @@ func (j *joiner) compare(k Key, e *ContainerDevice, l *ledger) []Breach {
 	if b, ok := j.unledgered(k, l); ok {
 		out = append(out, b)
 	}
-	if b, ok := impossible(d, l.usage); ok {
+	ordinal, covered := j.ordinals[k]
+	if !covered {
+		ordinal = -1
+	}
+	if b, ok := impossible(ordinal, l.usage); ok {
 		out = append(out, b)
 	}
 	if held, ok := j.held[k]; ok && e.ComputeShare > held+shareTolerance {
@@ -166,11 +170,14 @@ func (j *joiner) unledgered(k Key, l *ledger) (Breach, bool) {
 }
 
 // impossible says whether a ledger contradicts itself: its slots hold more
-// than the container reserves (the interposer reserves first, and releases
-// last), or the validation dropped fields.
+// than the container reserves on ordinal d (the interposer reserves first,
+// and releases last; -1: none), or the validation dropped fields.
 func impossible(d int, u *controlblock.UsageSnapshot) (Breach, bool) {
 	if len(u.Problems) > 0 {
 		return Breach{Reason: BreachBadLedger, Evidence: fmt.Sprintf("ledger fails validation: %v", u.Problems)}, true
+	}
+	if d < 0 {
+		return Breach{}, false
 	}
 	var slots uint64
 	for _, p := range u.Procs {
@@ -185,7 +192,8 @@ func impossible(d int, u *controlblock.UsageSnapshot) (Breach, bool) {
 
 // rewound reports a ledger whose launch tickets went back: a reset lifts
 // the launch gate until the next true-up.
-func (jd *judge) rewound(dir string, cg uint64, u *controlblock.UsageSnapshot, now time.Time) {
+func (jd *judge) rewound(l *ledger, now time.Time) {
+	dir, cg, u := l.dir, l.usage.CgroupID, l.usage
 	prev, had := jd.launches[dir]
 	jd.launches[dir] = ledgerMarks{cgroup: cg, launches: u.LaunchesIssued}
 	if !had || prev.cgroup != cg {
@@ -193,8 +201,8 @@ func (jd *judge) rewound(dir string, cg uint64, u *controlblock.UsageSnapshot, n
 	}
 	for d := 0; d < controlblock.MaxDevices; d++ {
 		if u.LaunchesIssued[d] < prev.launches[d] {
-			jd.remember(Key{cg, d}, Breach{Reason: BreachBadLedger, Evidence: fmt.Sprintf(
-				"ledger %s: launches issued on GPU %d went back from %d to %d", dir, d, prev.launches[d], u.LaunchesIssued[d])}, now)
+			jd.remember(Key{cg, l.gpus[d]}, Breach{Reason: BreachBadLedger, Evidence: fmt.Sprintf(
+				"ledger %s: launches issued on its CUDA device %d went back from %d to %d", dir, d, prev.launches[d], u.LaunchesIssued[d])}, now)
 		}
 	}
 }

@@ -40,10 +40,11 @@ func TestJudgeHold(t *testing.T) {
 	}
 
 	u := &controlblock.UsageSnapshot{CgroupID: 7}
+	l := &ledger{dir: "d", usage: u} // ordinal 0 is GPU 0
 	u.LaunchesIssued[0] = 500
-	jd.rewound("d", 7, u, t0)
+	jd.rewound(l, t0)
 	u.LaunchesIssued[0] = 3
-	jd.rewound("d", 7, u, t0.Add(time.Second))
+	jd.rewound(l, t0.Add(time.Second))
 	if got := jd.hold(k, nil, t0.Add(30*time.Second)); !reasonsOf(got)[BreachBadLedger] {
 		t.Errorf("a rewound ledger is not remembered: %v", got)
 	}
@@ -89,7 +90,7 @@ func TestCompare(t *testing.T) {
 			ledgerWith(3*gib, 3*gib, 5), nil, nil},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			j := &joiner{procs: map[Key][]gpuProc{k: tt.procs}}
+			j := &joiner{procs: map[Key][]gpuProc{k: tt.procs}, ordinals: map[Key]int{k: 0}}
 			e := tt.e
 			got := reasonsOf(j.compare(k, &e, tt.l))
 			if len(got) != len(tt.want) {

@@ -19,11 +19,15 @@ type joiner struct {
 	live     map[uint64]bool // cgroups whose ledgers were read this time
 	v        *View
 	entries  map[Key]*ContainerDevice
-	uuids    map[int]string
+	uuids    map[int]string // by NVML index
+	index    map[string]int // NVML index by UUID
+	node     []string       // the node's GPUs by index; nil: NVML not read
 	labels   LabelFunc
-	procs    map[Key][]gpuProc // the processes NVML lists, by cgroup and device
-	held     map[Key]float64   // shares the scheduler holds containers to (Sources.Held)
-	seenPIDs map[int]gpuProc   // identified this time, kept for the next view
+	procs    map[Key][]gpuProc       // the processes NVML lists, by cgroup and device
+	ordinals map[Key]int             // the CUDA ordinal of each entry a ledger covers
+	nvmlGPUs map[uint64]map[int]bool // the GPUs NVML lists each container's processes on
+	held     map[Key]float64         // shares the scheduler holds containers to (Sources.Held)
+	seenPIDs map[int]gpuProc         // identified this time, kept for the next view
 }
 
 func (j *joiner) entry(cg uint64, gpu int) *ContainerDevice {
@@ -48,14 +52,15 @@ func (j *joiner) source(name string, err error) bool {
 
 func (c *Collector) build(ctx context.Context) *View {
 	j := &joiner{c: c, v: &View{Node: c.node, Time: time.Now()}, entries: map[Key]*ContainerDevice{},
-		uuids: map[int]string{}, live: map[uint64]bool{}, procs: map[Key][]gpuProc{}, seenPIDs: map[int]gpuProc{}}
+		uuids: map[int]string{}, index: map[string]int{}, live: map[uint64]bool{}, procs: map[Key][]gpuProc{}, ordinals: map[Key]int{}, nvmlGPUs: map[uint64]map[int]bool{}, seenPIDs: map[int]gpuProc{}}
 	var devs []nvmldev.Device
 	if c.src.NVML != nil {
 		var err error
 		devs, err = c.src.NVML()
 		if j.source("nvml", err) {
 			for _, d := range devs {
-				j.uuids[d.Index] = d.UUID
+				j.uuids[d.Index], j.index[d.UUID] = d.UUID, d.Index
+				j.node = append(j.node, d.UUID)
 				j.v.Devices = append(j.v.Devices, Device{Node: c.node, Index: d.Index, UUID: d.UUID, Name: d.Name,
 					MemoryTotalBytes: d.MemoryTotalBytes, MemoryUsedBytes: d.MemoryUsedBytes, Utilization: d.Utilization})
 			}
@@ -69,13 +74,13 @@ func (c *Collector) build(ctx context.Context) *View {
 		}
 	}
 	ledgers, rejected := j.readLedgers()
+	j.addNVML(devs) // first: where NVML lists a container tells eBPF's ordinals apart
 	if c.src.EBPF != nil {
 		snap, err := c.src.EBPF()
 		if j.source("ebpf", err) {
-			j.addEBPF(snap)
+			j.addEBPF(snap, ledgers)
 		}
 	}
-	j.addNVML(devs)
 	j.finish(ledgers, rejected)
 	return j.v
 }
@@ -86,6 +91,59 @@ type ledger struct {
 	usage   *controlblock.UsageSnapshot
 	limits  *controlblock.LimitsConfig
 	refused error // why its cgroup claim was refused
+	// gpus is the GPU (NVML index) of each of the container's CUDA
+	// ordinals; NoGPU where its UUID is not known.
+	gpus  [controlblock.MaxDevices]int
+	uuids [controlblock.MaxDevices]string
+}
+
+// place maps a ledger's CUDA ordinals to the node's GPUs by the UUIDs it
+// records (controlblock's rule); without NVML the index is the ordinal. A
+// container using a GPU of unknown UUID is logged once.
+func (j *joiner) place(l *ledger) {
+	u := l.usage
+	uuids := u.GPUs(j.node)
+	var unknown []int
+	for d := range l.gpus {
+		l.uuids[d] = uuids[d]
+		switch {
+		case uuids[d] == "":
+			l.gpus[d] = NoGPU
+			if u.ReservedBytes[d] > 0 || u.LaunchesIssued[d] > 0 {
+				unknown = append(unknown, d)
+			}
+		case j.node == nil:
+			l.gpus[d] = d
+		default:
+			l.gpus[d] = j.index[uuids[d]]
+		}
+	}
+	if len(unknown) > 0 && !j.c.unmapped[l.dir] {
+		j.c.log.Warn("container's GPUs of unknown UUID reported without a device (gpu -1): its ledger records none (an old interposer?)",
+			"dir", l.dir, "ordinals", unknown)
+	}
+	j.c.unmapped[l.dir] = len(unknown) > 0
+}
+
+// gpuOf is the GPU (NVML index) of a CUDA ordinal of container cg, by its
+// ledger. Without one, only a node of one GPU, or NVML listing the
+// container's processes on one GPU alone, names it.
+func (j *joiner) gpuOf(cg uint64, l *ledger, ordinal int) int {
+	if l != nil {
+		return l.gpus[ordinal]
+	}
+	if j.node == nil {
+		return ordinal
+	}
+	if u := (&controlblock.UsageSnapshot{}).GPUs(j.node)[ordinal]; u != "" {
+		return j.index[u]
+	}
+	if gpus := j.nvmlGPUs[cg]; len(gpus) == 1 {
+		for g := range gpus {
+			return g
+		}
+	}
+	return NoGPU
 }
 
 // readLedgers reads every <controlDir>/<key>/usage. Ledgers are untrusted
@@ -107,6 +165,13 @@ func (j *joiner) readLedgers() (out map[uint64]*ledger, rejected []*ledger) {
 	seen := map[string]bool{}
 	defer j.c.ledgers.keep(seen)
 	defer j.c.judge.keepLedgers(seen)
+	defer func() {
+		for dir := range j.c.unmapped {
+			if !seen[dir] {
+				delete(j.c.unmapped, dir)
+			}
+		}
+	}()
 	for _, d := range dirs {
 		if !d.IsDir() {
 			continue
@@ -117,6 +182,7 @@ func (j *joiner) readLedgers() (out map[uint64]*ledger, rejected []*ledger) {
 			j.c.log.Debug("skipping ledger", "dir", d.Name(), "err", err)
 			continue
 		}
+		j.place(l)
 		if j.c.src.Claims == nil {
 			continue
 		}
@@ -131,7 +197,7 @@ func (j *joiner) readLedgers() (out map[uint64]*ledger, rejected []*ledger) {
 			continue
 		}
 		out[l.usage.CgroupID] = l
-		j.c.judge.rewound(d.Name(), l.usage.CgroupID, l.usage, j.v.Time)
+		j.c.judge.rewound(l, j.v.Time)
 	}
 	return out, rejected
 }
@@ -151,27 +217,33 @@ func assignedBy(labels LabelFunc) claims.Assigned {
 	}
 }
 
-func (j *joiner) addEBPF(s observe.Snapshot) {
+// addEBPF adds what the probes saw, by the caller's CUDA ordinal, on the
+// GPU its container's ledger names for that ordinal.
+func (j *joiner) addEBPF(s observe.Snapshot, ledgers map[uint64]*ledger) {
 	j.v.probesOn = true
 	j.v.probeEvents, j.v.probeLost = s.Probes.Events, s.Probes.LostEvents
 	for _, u := range s.Usage {
-		if u.Device < 0 {
+		if u.Device < 0 || u.Device >= controlblock.MaxDevices {
 			continue // no context of the caller was seen: no device to charge
 		}
+		gpu := j.gpuOf(u.Cgroup, ledgers[u.Cgroup], u.Device)
 		active := u.Bytes > 0 || u.LaunchRate > 0 || u.ContextsCreated > u.ContextsDestroyed
-		e, seen := j.entries[Key{u.Cgroup, u.Device}]
+		e, seen := j.entries[Key{u.Cgroup, gpu}]
 		if !seen && !active && u.AllocFailures == 0 {
 			continue // a container that used the GPU once and is idle now
 		}
 		if !seen {
-			e = j.entry(u.Cgroup, u.Device)
+			e = j.entry(u.Cgroup, gpu)
 		}
 		if u.Bytes > 0 {
-			e.MemoryUsedBytes, e.MemorySource = uint64(u.Bytes), "ebpf"
+			if e.MemorySource != "ebpf" {
+				e.MemoryUsedBytes = 0 // eBPF's figure, to the byte, replaces NVML's
+			}
+			e.MemoryUsedBytes, e.MemorySource = e.MemoryUsedBytes+uint64(u.Bytes), "ebpf"
 		}
-		e.AllocFailuresDevice = u.AllocFailures
-		e.Launches = u.LaunchesEstimated
-		e.Unenforced = active // cleared in finish for containers with a ledger
+		e.AllocFailuresDevice += u.AllocFailures
+		e.Launches += u.LaunchesEstimated
+		e.Unenforced = e.Unenforced || active // cleared in finish for containers with a ledger
 	}
 }
 
@@ -188,6 +260,10 @@ func (j *joiner) addNVML(devs []nvmldev.Device) {
 				continue
 			}
 			e := j.entry(cg, d.Index)
+			if j.nvmlGPUs[cg] == nil {
+				j.nvmlGPUs[cg] = map[int]bool{}
+			}
+			j.nvmlGPUs[cg][d.Index] = true
 			j.procs[Key{cg, d.Index}] = append(j.procs[Key{cg, d.Index}], j.identify(int(p.PID)))
 			e.CgroupPath = path
 			e.ComputeShare += p.Utilization
@@ -221,15 +297,15 @@ func (j *joiner) finish(ledgers map[uint64]*ledger, rejected []*ledger) {
 		j.addLedger(cg, l)
 	}
 	if j.c.src.Held != nil {
-		j.held = j.c.src.Held()
+		j.held = byIndex(j, j.c.src.Held())
 	}
 	if j.c.src.Rewinds != nil {
-		j.c.judge.enforcerRewinds(j.c.src.Rewinds(), j.v.Time)
+		j.c.judge.enforcerRewinds(byIndex(j, j.c.src.Rewinds()), j.v.Time)
 	}
 	j.judgeAll(ledgers, rejected, j.v.Time)
 	var targets map[Key]float64
 	if j.c.src.Targets != nil {
-		targets = j.c.src.Targets()
+		targets = byIndex(j, j.c.src.Targets())
 	}
 	for k, e := range j.entries {
 		if e.CgroupPath == "" && j.c.src.Cgroups != nil {
@@ -252,68 +328,102 @@ func (j *joiner) finish(ledgers map[uint64]*ledger, rejected []*ledger) {
 		}
 		j.v.Containers = append(j.v.Containers, *e)
 	}
-	for cg := range j.c.totals {
-		if !j.live[cg] {
-			delete(j.c.totals, cg) // the container is gone, and its series with it
+	for k := range j.c.totals {
+		if !j.live[k.Cgroup] {
+			delete(j.c.totals, k) // the container is gone, and its series with it
 		}
 	}
 	j.c.procIDs = j.seenPIDs
 	j.v.sort()
 }
 
-// addLedger adds what the interposer knows, on every device the container
-// holds memory on (its context reserve included) or has a quota for.
+// addLedger adds what the interposer knows, on every GPU the container
+// holds memory on (its context reserve included) or has taken launch
+// tickets on; GPUs of unknown UUID are summed on NoGPU. Per-process
+// figures (launches, throttled time) go to the GPU each process holds
+// memory on: the ledger does not count them per device, so a process on
+// several GPUs has them on its first.
 func (j *joiner) addLedger(cg uint64, l *ledger) {
 	u := l.usage
-	primary := -1
+	first := -1 // ordinal
 	for d := 0; d < u.NDev && d < controlblock.MaxDevices; d++ {
-		limit := uint64(0)
-		if l.limits != nil {
-			limit = l.limits.MemLimit[d]
-		} else if u.ClaimMemorySet {
-			limit = u.ClaimMemLimit[d]
-		}
-		e, seen := j.entries[Key{cg, d}]
+		k := Key{cg, l.gpus[d]}
+		e, seen := j.entries[k]
 		if !seen && u.ReservedBytes[d] == 0 && u.LaunchesIssued[d] == 0 {
 			continue
 		}
 		if !seen {
-			e = j.entry(cg, d)
+			e = j.entry(cg, k.GPU)
 		}
-		if primary < 0 {
-			primary = d
+		if e.UUID == "" {
+			e.UUID = l.uuids[d]
 		}
+		if first < 0 {
+			first = d
+		}
+		j.ordinals[k] = d
 		e.Enforced, e.Unenforced = true, false
 		e.HighPriority = u.ClaimPriority == controlblock.PriorityHigh
-		e.MemoryLimitBytes = limit
-		e.LedgerBytes = u.ReservedBytes[d]
-		if e.MemorySource == "" {
-			e.MemoryUsedBytes, e.MemorySource = u.ReservedBytes[d], "ledger"
+		if k.GPU != NoGPU { // a quota is per device; summed ones mean nothing
+			if l.limits != nil {
+				e.MemoryLimitBytes = l.limits.MemLimit[d]
+			} else if u.ClaimMemorySet {
+				e.MemoryLimitBytes = u.ClaimMemLimit[d]
+			}
 		}
-		e.AllocFailuresQuota = u.AllocFailures[d]
+		e.LedgerBytes += u.ReservedBytes[d]
+		if e.MemorySource == "" || e.MemorySource == "ledger" {
+			e.MemoryUsedBytes, e.MemorySource = e.LedgerBytes, "ledger"
+		}
+		e.AllocFailuresQuota += u.AllocFailures[d]
 		if u.ClaimComputeLimit > 0 {
 			e.ComputeLimit = float64(u.ClaimComputeLimit) / 100
 		}
 	}
-	if primary < 0 {
+	if first < 0 {
 		return
 	}
-	// Per-process figures have no device: they go to the first device the
-	// container uses (documented).
-	e := j.entries[Key{cg, primary}]
+	procs := map[Key][]controlblock.ProcUsage{}
 	for _, p := range u.Procs {
-		if !containsPID(e.PIDs, int(p.Pid)) {
+		k := Key{cg, l.gpus[first]}
+		for d, b := range p.Bytes {
+			if o, ok := j.ordinals[Key{cg, l.gpus[d]}]; b > 0 && ok && o == d {
+				k = Key{cg, l.gpus[d]}
+				break
+			}
+		}
+		procs[k] = append(procs[k], p)
+		if e := j.entries[k]; !containsPID(e.PIDs, int(p.Pid)) {
 			e.PIDs = append(e.PIDs, int(p.Pid))
 		}
 	}
-	tot := j.c.totals[cg]
-	if tot == nil {
-		tot = &controlblock.ProcTotals{}
-		j.c.totals[cg] = tot
+	for d := 0; d < u.NDev && d < controlblock.MaxDevices; d++ {
+		k := Key{cg, l.gpus[d]}
+		if o, ok := j.ordinals[k]; !ok || o != d {
+			continue // not used, or summed on NoGPU under another ordinal
+		}
+		tot := j.c.totals[k]
+		if tot == nil {
+			tot = &controlblock.ProcTotals{}
+			j.c.totals[k] = tot
+		}
+		tot.Update(procs[k])
+		e := j.entries[k]
+		e.Launches, e.ThrottledSeconds = float64(tot.Launches), float64(tot.ThrottledNs)/1e9
 	}
-	tot.Update(u.Procs)
 	j.live[cg] = true
-	e.Launches, e.ThrottledSeconds = float64(tot.Launches), float64(tot.ThrottledNs)/1e9
+}
+
+// byIndex keys what the enforcer reports by GPU UUID by NVML's index, as
+// the view keys GPUs; a GPU NVML does not list is left out.
+func byIndex[T any](j *joiner, m map[GPUKey]T) map[Key]T {
+	out := make(map[Key]T, len(m))
+	for k, v := range m {
+		if i, ok := j.index[k.UUID]; ok {
+			out[Key{k.Cgroup, i}] = v
+		}
+	}
+	return out
 }
 
 func containsPID(pids []int, pid int) bool {

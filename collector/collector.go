@@ -31,25 +31,38 @@ type Sources struct {
 	// CgroupNSRoot is the host path of the agent's cgroup namespace root,
 	// which processes' cgroup paths are relative to ("" or "/": none).
 	CgroupNSRoot string
-	// Targets gives the enforcer's target share (0-1) per cgroup and device.
-	Targets func() map[Key]float64
+	// Targets gives the enforcer's target share (0-1) per cgroup and GPU.
+	Targets func() map[GPUKey]float64
 	// Held gives the share (0-1) the scheduler holds each container to
 	// where it may not use more: gated, not borrowing (soft), not high
 	// priority, below the whole device.
-	Held func() map[Key]float64
+	Held func() map[GPUKey]float64
 	// Rewinds gives, per cgroup and device, how many times the enforcer
 	// (which reads launch tickets every few milliseconds) saw a ledger's
 	// tickets go back.
-	Rewinds func() map[Key]uint64
+	Rewinds func() map[GPUKey]uint64
 }
 
 // LabelFunc names the container of a ledger directory or cgroup path.
 type LabelFunc func(ledgerDir, cgroupPath string) (namespace, pod, container string, ok bool)
 
-// Key identifies one container's use of one device.
+// Key identifies one container's use of one device: GPU is NVML's index
+// (NoGPU: a device gpuwarden cannot name).
 type Key struct {
 	Cgroup uint64
 	GPU    int
+}
+
+// NoGPU is the index of a container's use of GPUs whose identity is not
+// known: its ledger records no UUID for them (an old interposer) on a node
+// of more than one GPU.
+const NoGPU = -1
+
+// GPUKey identifies one container's use of one GPU by UUID, as the enforcer
+// knows GPUs.
+type GPUKey struct {
+	Cgroup uint64
+	UUID   string
 }
 
 // Collector builds views and serves them as metrics.
@@ -60,13 +73,16 @@ type Collector struct {
 	log     *slog.Logger
 	maxAge  time.Duration // a view younger than this is served again
 
-	mu      sync.Mutex
-	last    *View
-	totals  map[uint64]*controlblock.ProcTotals // per cgroup: launches and throttled time
-	ledgers ledgerFiles
-	judge   judge
-	procIDs map[int]gpuProc           // GPU processes identified, by host pid
-	labels  atomic.Pointer[LabelFunc] // the last view's, for Assigned
+	mu     sync.Mutex
+	last   *View
+	totals map[Key]*controlblock.ProcTotals // per cgroup and GPU: launches and throttled time
+	// unmapped holds the ledger directories already logged for GPUs of
+	// unknown UUID.
+	unmapped map[string]bool
+	ledgers  ledgerFiles
+	judge    judge
+	procIDs  map[int]gpuProc           // GPU processes identified, by host pid
+	labels   atomic.Pointer[LabelFunc] // the last view's, for Assigned
 }
 
 // New makes a collector for a node.
@@ -75,7 +91,7 @@ func New(node, version string, src Sources, log *slog.Logger) *Collector {
 		src.ProcRoot = "/proc"
 	}
 	return &Collector{node: node, src: src, version: version, log: log, maxAge: time.Second,
-		totals: map[uint64]*controlblock.ProcTotals{}, judge: newJudge()}
+		totals: map[Key]*controlblock.ProcTotals{}, unmapped: map[string]bool{}, judge: newJudge()}
 }
 
 // View returns the current view, reading the sources at most once per

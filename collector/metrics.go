@@ -8,7 +8,9 @@ import "github.com/prometheus/client_golang/prometheus"
 // Namespace prefixes every metric name.
 const Namespace = "gpuwarden"
 
-// ContainerLabels label every container-level series.
+// ContainerLabels label every container-level series: gpu is NVML's index of
+// the physical GPU (NoGPU, -1: one whose UUID the ledger does not record),
+// uuid its UUID.
 var ContainerLabels = []string{"node", "gpu", "uuid", "namespace", "pod", "container"}
 
 // DeviceLabels label every device-level series.

@@ -8,7 +8,7 @@ import (
 // ContainerDevice is one container's use of one GPU.
 type ContainerDevice struct {
 	Node       string `json:"node"`
-	GPU        int    `json:"gpu"`
+	GPU        int    `json:"gpu"` // NVML's index; NoGPU: a GPU of unknown UUID
 	UUID       string `json:"uuid"`
 	Namespace  string `json:"namespace"`
 	Pod        string `json:"pod"`

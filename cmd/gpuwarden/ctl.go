@@ -19,7 +19,7 @@ const ctlUsage = `usage: gpuwarden ctl [--agent URL] [--token-file FILE] COMMAND
 
 commands:
   set CONTAINER [--memory-limit 6Gi|3Gi,4Gi|0] [--weight N] [--compute-limit PERCENT] [--priority high|normal]
-  gpu INDEX [--policy 0-5|fair-share|preemptive|weighted|fixed|soft|native] [--max-inst 1-128]
+  gpu INDEX|UUID [--policy 0-5|fair-share|preemptive|weighted|fixed|soft|native] [--max-inst 1-128]
       (without flags: shows the GPU's policy, max_inst and free_weight)
   unfreeze CONTAINER
   events
@@ -152,8 +152,8 @@ func printGPU(w io.Writer, g agent.GPUInfo) {
 	if g.PolicySet {
 		set = " (set)"
 	}
-	fmt.Fprintf(w, "GPU %d: policy %s%s, max_inst %d, free_weight %d, %d containers\n", g.Index, g.Policy, set, g.MaxInst,
-		g.FreeWeight, g.Containers)
+	fmt.Fprintf(w, "GPU %d (%s): policy %s%s, max_inst %d, free_weight %d, %d containers\n", g.Index, g.UUID, g.Policy, set,
+		g.MaxInst, g.FreeWeight, g.Containers)
 }
 
 func (c *ctlClient) post(path string, body any, stdout io.Writer) error {
@@ -188,7 +188,7 @@ func (c *ctlClient) post(path string, body any, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "warning: %s\n", w)
 	}
 	for _, f := range res.InForce {
-		fmt.Fprintf(stdout, "in force: %s on GPU %d: %s, target %.1f%%\n", f.Container, f.GPU, f.Policy, f.Target*100)
+		fmt.Fprintf(stdout, "in force: %s on GPU %s: %s, target %.1f%%\n", f.Container, f.GPU, f.Policy, f.Target*100)
 	}
 	if res.GPU != nil {
 		printGPU(stdout, *res.GPU)

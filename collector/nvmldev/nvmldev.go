@@ -96,6 +96,26 @@ func (r *Reader) Devices() ([]Device, error) {
 	return out, nil
 }
 
+// UUIDs lists the node's GPUs by UUID, in NVML's index order. It reads no
+// utilization, so it leaves Devices' sampling window alone.
+func (r *Reader) UUIDs() ([]string, error) {
+	n, ret := r.lib.DeviceGetCount()
+	if ret != nvml.SUCCESS {
+		return nil, fmt.Errorf("nvml device count: %w", nvmlError(ret))
+	}
+	out := make([]string, n)
+	for i := range out {
+		h, ret := r.lib.DeviceGetHandleByIndex(i)
+		if ret == nvml.SUCCESS {
+			out[i], ret = h.GetUUID()
+		}
+		if ret != nvml.SUCCESS {
+			return nil, fmt.Errorf("nvml device %d: uuid: %w", i, nvmlError(ret))
+		}
+	}
+	return out, nil
+}
+
 func (r *Reader) device(i int) (Device, error) {
 	h, ret := r.lib.DeviceGetHandleByIndex(i)
 	if ret != nvml.SUCCESS {

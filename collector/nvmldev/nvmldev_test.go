@@ -49,6 +49,10 @@ func TestDevicesAndProcesses(t *testing.T) {
 	if devs[0].MemoryUsedBytes != 0 || len(devs[0].Processes) != 0 {
 		t.Errorf("device 0 is idle but reports %+v", devs[0])
 	}
+	uuids, err := r.UUIDs()
+	if err != nil || len(uuids) != 2 || uuids[0] != devs[0].UUID || uuids[1] != devs[1].UUID || uuids[0] == uuids[1] {
+		t.Errorf("UUIDs = %q, %v; want the devices' own, by index", uuids, err)
+	}
 }
 
 func TestOpenMissingLibrary(t *testing.T) {

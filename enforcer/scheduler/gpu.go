@@ -31,7 +31,7 @@ const (
 
 // gpu is one device's loop state.
 type gpu struct {
-	dev      int
+	uuid     string
 	settings GPUSettings
 	eff      policy.Policy
 	members  []*member
@@ -54,7 +54,7 @@ type gpu struct {
 // member is one container on one device.
 type member struct {
 	c   *container
-	dev int
+	dev int // the container's CUDA ordinal of this GPU
 
 	lastIssued uint64    // tickets taken, as of the last tick
 	charged    uint64    // tickets already charged to credit
@@ -151,13 +151,13 @@ func (g *gpu) plan(now time.Time, cfg Config) {
 		// back would let them keep what they took. The others run when it
 		// goes idle (and, with soft, while it leaves the device idle).
 		cs[i] = policy.Container{Weight: e.Weight, CapPercent: e.CapPercent, High: e.High,
-			Present: m.c.reserved[g.dev] > 0 || m.busy, Busy: m.busy}
+			Present: m.c.reserved[m.dev] > 0 || m.busy, Busy: m.busy}
 	}
 	g.eff = policy.Effective(g.settings.Policy, g.settings.PolicySet, cs)
 	shares := policy.Shares(g.eff, g.maxInst(cfg), cs)
 	for i, m := range g.members {
 		m.target, m.borrow = shares[i].Target, shares[i].Borrow
-		m.c.setGate(g.dev, g.eff.Gated())
+		m.c.setGate(m.dev, g.eff.Gated())
 	}
 }
 
@@ -175,7 +175,7 @@ func (g *gpu) status(cfg Config) GPUStatus {
 		cs[i] = policy.Container{Weight: m.c.eff.Weight}
 	}
 	n := g.maxInst(cfg)
-	return GPUStatus{Device: g.dev, Policy: g.eff, PolicySet: g.settings.PolicySet, MaxInst: n,
+	return GPUStatus{UUID: g.uuid, Policy: g.eff, PolicySet: g.settings.PolicySet, MaxInst: n,
 		FreeWeight: policy.FreeWeight(n, cs), Containers: len(g.members)}
 }
 
@@ -277,7 +277,7 @@ func (g *gpu) ownerIdle(now time.Time, cfg Config) bool {
 // observe reads a member's gate: the tickets it took and whether a launch
 // waits. It says whether the member's busy state changed.
 func (g *gpu) observe(m *member, now time.Time) bool {
-	issued, grant := m.c.usage.Issued(g.dev), m.c.limits.Grant(g.dev)
+	issued, grant := m.c.usage.Issued(m.dev), m.c.limits.Grant(m.dev)
 	if issued < m.lastIssued { // a forged (or reset) ledger: start counting again
 		m.lastIssued, m.charged, m.measIssued = issued, issued, issued
 		m.rewinds++
@@ -417,7 +417,7 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 			if b.cost == 0 {
 				want = min(want, b.lastIssued+b.probe)
 			}
-			_ = b.c.limits.RaiseGrant(g.dev, want)
+			_ = b.c.limits.RaiseGrant(b.dev, want)
 		}
 	}
 }
@@ -504,7 +504,7 @@ func (g *gpu) release(o *member, now time.Time, cfg Config) {
 	if o.cost == 0 {
 		want = min(want, g.sliceIssued0+o.probe)
 	}
-	if want > o.c.limits.Grant(g.dev) {
-		_ = o.c.limits.RaiseGrant(g.dev, want)
+	if want > o.c.limits.Grant(o.dev) {
+		_ = o.c.limits.RaiseGrant(o.dev, want)
 	}
 }

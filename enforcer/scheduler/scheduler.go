@@ -93,9 +93,17 @@ type GPUSettings struct {
 	MaxInst   int  // 0: Config.MaxInst
 }
 
+// Device is one GPU of a container: its CUDA ordinal in the container (its
+// control block's index) and the GPU's UUID (what the scheduler knows the
+// GPU by: ordinals are renumbered in each container).
+type Device struct {
+	Ordinal int
+	UUID    string
+}
+
 // GPUStatus is one GPU's scheduling state.
 type GPUStatus struct {
-	Device     int
+	UUID       string
 	Policy     policy.Policy // in force
 	PolicySet  bool
 	MaxInst    int // in force
@@ -106,7 +114,8 @@ type GPUStatus struct {
 // Status is one container's state on one device.
 type Status struct {
 	Key              string
-	Device           int
+	GPU              string // UUID
+	Ordinal          int    // the GPU's CUDA ordinal in the container
 	Policy           policy.Policy
 	Gated            bool
 	Busy             bool
@@ -133,7 +142,7 @@ type Scheduler struct {
 
 	mu         sync.Mutex
 	containers map[string]*container
-	gpus       map[int]*gpu
+	gpus       map[string]*gpu // by UUID
 	stop       chan struct{}
 	done       chan struct{}
 	lastMeas   time.Time
@@ -149,7 +158,7 @@ type container struct {
 	key      string
 	limits   *controlblock.LimitsFile
 	usage    *controlblock.UsageFile
-	devices  []int
+	devices  []Device
 	settings Settings
 	eff      Settings // settings in force (claims resolved)
 	gated    uint32   // gate_mask bits this scheduler set
@@ -174,7 +183,7 @@ func (c *container) active() bool {
 // New makes a scheduler; Start runs it.
 func New(cfg Config) *Scheduler {
 	cfg.defaults()
-	return &Scheduler{cfg: cfg, containers: map[string]*container{}, gpus: map[int]*gpu{}, unclaimed: map[string]*container{}}
+	return &Scheduler{cfg: cfg, containers: map[string]*container{}, gpus: map[string]*gpu{}, unclaimed: map[string]*container{}}
 }
 
 func validate(st Settings) error {
@@ -187,7 +196,7 @@ func validate(st Settings) error {
 // AddContainer puts a container under the scheduler on the given devices.
 // The agent owns the files (it created limits with CreateLimits and maps
 // the ledger read-only) and closes them after RemoveContainer.
-func (s *Scheduler) AddContainer(key string, limits *controlblock.LimitsFile, usage *controlblock.UsageFile, devices []int, st Settings) error {
+func (s *Scheduler) AddContainer(key string, limits *controlblock.LimitsFile, usage *controlblock.UsageFile, devices []Device, st Settings) error {
 	if limits == nil || usage == nil {
 		return errors.New("add container: limits and usage are required")
 	}
@@ -195,8 +204,8 @@ func (s *Scheduler) AddContainer(key string, limits *controlblock.LimitsFile, us
 		return fmt.Errorf("add container %s: %w", key, err)
 	}
 	for _, d := range devices {
-		if d < 0 || d >= controlblock.MaxDevices {
-			return fmt.Errorf("add container %s: no device %d", key, d)
+		if d.Ordinal < 0 || d.Ordinal >= controlblock.MaxDevices || d.UUID == "" {
+			return fmt.Errorf("add container %s: no device %d (%q)", key, d.Ordinal, d.UUID)
 		}
 	}
 	s.mu.Lock()
@@ -204,24 +213,24 @@ func (s *Scheduler) AddContainer(key string, limits *controlblock.LimitsFile, us
 	if _, ok := s.containers[key]; ok {
 		return fmt.Errorf("add container %s: already added", key)
 	}
-	c := &container{key: key, limits: limits, usage: usage, devices: append([]int(nil), devices...),
+	c := &container{key: key, limits: limits, usage: usage, devices: append([]Device(nil), devices...),
 		settings: st, eff: st}
 	s.containers[key] = c
 	s.readLedger(c)
 	limits.Heartbeat()
 	now := time.Now()
 	for _, d := range devices {
-		g := s.gpus[d]
+		g := s.gpus[d.UUID]
 		if g == nil {
-			g = &gpu{dev: d, lastTick: now}
-			s.gpus[d] = g
+			g = &gpu{uuid: d.UUID, lastTick: now}
+			s.gpus[d.UUID] = g
 		}
-		m := newMember(c, d, now)
+		m := newMember(c, d.Ordinal, now)
 		c.members = append(c.members, m)
 		g.add(m)
 	}
 	for _, d := range devices {
-		s.gpus[d].plan(now, s.cfg)
+		s.gpus[d.UUID].plan(now, s.cfg)
 	}
 	return nil
 }
@@ -238,7 +247,7 @@ func (s *Scheduler) RemoveContainer(key string) error {
 	delete(s.containers, key)
 	delete(s.unclaimed, key)
 	for _, d := range c.devices {
-		g := s.gpus[d]
+		g := s.gpus[d.UUID]
 		for _, m := range g.members {
 			if m.c == c {
 				g.remove(m)
@@ -264,31 +273,31 @@ func (s *Scheduler) SetContainer(key string, st Settings) error {
 	c.settings = st
 	s.readLedger(c)
 	for _, d := range c.devices {
-		s.gpus[d].plan(time.Now(), s.cfg)
+		s.gpus[d.UUID].plan(time.Now(), s.cfg)
 	}
 	return nil
 }
 
 // SetGPU changes a GPU's policy or max_inst; targets change at once,
 // grants from the next tick.
-func (s *Scheduler) SetGPU(dev int, gs GPUSettings) error {
+func (s *Scheduler) SetGPU(uuid string, gs GPUSettings) error {
 	if gs.PolicySet && !gs.Policy.Valid() {
-		return fmt.Errorf("set gpu %d: %v is not a policy", dev, gs.Policy)
+		return fmt.Errorf("set gpu %s: %v is not a policy", uuid, gs.Policy)
 	}
 	if gs.MaxInst != 0 {
 		if err := policy.CheckMaxInst(gs.MaxInst); err != nil {
-			return fmt.Errorf("set gpu %d: %w", dev, err)
+			return fmt.Errorf("set gpu %s: %w", uuid, err)
 		}
 	}
-	if dev < 0 || dev >= controlblock.MaxDevices {
-		return fmt.Errorf("set gpu %d: no such device", dev)
+	if uuid == "" {
+		return errors.New("set gpu: no UUID")
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	g := s.gpus[dev]
+	g := s.gpus[uuid]
 	if g == nil {
-		g = &gpu{dev: dev, lastTick: time.Now()}
-		s.gpus[dev] = g
+		g = &gpu{uuid: uuid, lastTick: time.Now()}
+		s.gpus[uuid] = g
 	}
 	g.settings = gs
 	g.plan(time.Now(), s.cfg)
@@ -328,14 +337,14 @@ func (s *Scheduler) Stop() {
 	}
 }
 
-// Status reports every container on every device, ordered by key and device.
+// Status reports every container on every GPU, ordered by key and ordinal.
 func (s *Scheduler) Status() []Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []Status
 	for _, g := range s.gpus {
 		for _, m := range g.members {
-			out = append(out, Status{Key: m.c.key, Device: g.dev, Policy: g.eff, Gated: g.eff.Gated(), Busy: m.busy,
+			out = append(out, Status{Key: m.c.key, GPU: g.uuid, Ordinal: m.dev, Policy: g.eff, Gated: g.eff.Gated(), Busy: m.busy,
 				Weight: m.c.eff.Weight, CapPercent: m.c.eff.CapPercent, High: m.c.eff.High,
 				Target: m.target, Achieved: m.achieved, ThrottledSeconds: float64(m.c.throttledNow()) / 1e9,
 				Launches: m.lastIssued, CostNs: m.cost, Rewinds: m.rewinds})
@@ -345,13 +354,13 @@ func (s *Scheduler) Status() []Status {
 		if out[i].Key != out[j].Key {
 			return out[i].Key < out[j].Key
 		}
-		return out[i].Device < out[j].Device
+		return out[i].Ordinal < out[j].Ordinal
 	})
 	return out
 }
 
 // GPUs returns the scheduling state of each GPU that has containers or
-// settings, by device.
+// settings, by UUID.
 func (s *Scheduler) GPUs() []GPUStatus {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -359,18 +368,18 @@ func (s *Scheduler) GPUs() []GPUStatus {
 	for _, g := range s.gpus {
 		out = append(out, g.status(s.cfg))
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].Device < out[j].Device })
+	sort.Slice(out, func(i, j int) bool { return out[i].UUID < out[j].UUID })
 	return out
 }
 
 // GPU returns one GPU's scheduling state; a GPU with neither containers nor
 // settings has the defaults.
-func (s *Scheduler) GPU(dev int) GPUStatus {
+func (s *Scheduler) GPU(uuid string) GPUStatus {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	g := s.gpus[dev]
+	g := s.gpus[uuid]
 	if g == nil {
-		g = &gpu{dev: dev, eff: policy.Effective(0, false, nil)}
+		g = &gpu{uuid: uuid, eff: policy.Effective(0, false, nil)}
 	}
 	return g.status(s.cfg)
 }
@@ -403,7 +412,7 @@ func (s *Scheduler) loop(stop, done chan struct{}) {
 			return
 		case <-t.C:
 		}
-		var busy map[int]map[string]uint64
+		var busy map[string]map[string]uint64
 		now := time.Now()
 		if s.cfg.Source != nil && now.Sub(s.lastMeas) >= s.cfg.Measure {
 			busy, _ = s.cfg.Source.Busy() // on error, costs and shares keep their last values
@@ -413,7 +422,7 @@ func (s *Scheduler) loop(stop, done chan struct{}) {
 }
 
 // tick runs one round for every GPU; busy is a new measurement or nil.
-func (s *Scheduler) tick(now time.Time, busy map[int]map[string]uint64) {
+func (s *Scheduler) tick(now time.Time, busy map[string]map[string]uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	full := now.Sub(s.lastLedger) >= s.cfg.Ledger
@@ -440,7 +449,7 @@ func (s *Scheduler) tick(now time.Time, busy map[int]map[string]uint64) {
 		s.lastMeas = now
 		if !first {
 			for _, g := range s.gpus {
-				g.measure(busy[g.dev], dt)
+				g.measure(busy[g.uuid], dt)
 			}
 		}
 	}
@@ -463,7 +472,7 @@ func (s *Scheduler) readLedger(c *container) {
 	eff, reserved := c.eff, c.reserved
 	defer func() {
 		for _, d := range c.devices {
-			if g := s.gpus[d]; g != nil && (c.eff != eff || (c.reserved[d] > 0) != (reserved[d] > 0)) {
+			if g := s.gpus[d.UUID]; g != nil && (c.eff != eff || (c.reserved[d.Ordinal] > 0) != (reserved[d.Ordinal] > 0)) {
 				g.dirty = true
 			}
 		}

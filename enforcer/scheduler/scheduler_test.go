@@ -259,7 +259,7 @@ func TestNativeAndStop(t *testing.T) {
 	if m := r.Limits("a").Config().GateMask; m != 1 {
 		t.Fatalf("gate mask %d under preemptive, want 1", m)
 	}
-	if err := r.Sched.SetGPU(0, scheduler.GPUSettings{Policy: policy.Native, PolicySet: true}); err != nil {
+	if err := r.Sched.SetGPU(r.GPU0(), scheduler.GPUSettings{Policy: policy.Native, PolicySet: true}); err != nil {
 		t.Fatal(err)
 	}
 	if m := r.Limits("a").Config().GateMask; m != 0 {
@@ -267,7 +267,7 @@ func TestNativeAndStop(t *testing.T) {
 	}
 	s := shares(t, r, 300*time.Millisecond, time.Second)
 	within(t, "a+b ungated", s["a"]+s["b"], 0.6, 1.01)
-	if err := r.Sched.SetGPU(0, scheduler.GPUSettings{Policy: policy.Preemptive, PolicySet: true}); err != nil {
+	if err := r.Sched.SetGPU(r.GPU0(), scheduler.GPUSettings{Policy: policy.Preemptive, PolicySet: true}); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(200 * time.Millisecond)

@@ -10,10 +10,10 @@ import (
 
 // Source reports how much device time each container has used.
 type Source interface {
-	// Busy returns busy[device][container key]: the container's device time
+	// Busy returns busy[GPU UUID][container key]: the container's device time
 	// in nanoseconds since some fixed start. Counters never go down; a
 	// container missing from a device's map has used nothing there yet.
-	Busy() (map[int]map[string]uint64, error)
+	Busy() (map[string]map[string]uint64, error)
 }
 
 // PidMapper names the container (its control-block key) a process belongs to.
@@ -40,17 +40,17 @@ type NVMLSource struct {
 
 	mu    sync.Mutex
 	last  time.Time
-	total map[int]map[string]uint64
-	frac  map[int]map[string]float64 // sub-nanosecond remainders
+	total map[string]map[string]uint64  // by UUID, then container
+	frac  map[string]map[string]float64 // sub-nanosecond remainders
 }
 
 // NewNVMLSource reads through r and attributes processes with owner.
 func NewNVMLSource(r *nvmldev.Reader, owner PidMapper) *NVMLSource {
-	return &NVMLSource{reader: r, owner: owner, total: map[int]map[string]uint64{}, frac: map[int]map[string]float64{}}
+	return &NVMLSource{reader: r, owner: owner, total: map[string]map[string]uint64{}, frac: map[string]map[string]float64{}}
 }
 
 // Busy reads NVML and adds utilization x elapsed time to each container.
-func (s *NVMLSource) Busy() (map[int]map[string]uint64, error) {
+func (s *NVMLSource) Busy() (map[string]map[string]uint64, error) {
 	devs, err := s.reader.Devices()
 	now := time.Now()
 	s.mu.Lock()
@@ -62,8 +62,8 @@ func (s *NVMLSource) Busy() (map[int]map[string]uint64, error) {
 	first := s.last.IsZero()
 	s.last = now
 	for _, d := range devs {
-		if s.total[d.Index] == nil {
-			s.total[d.Index], s.frac[d.Index] = map[string]uint64{}, map[string]float64{}
+		if s.total[d.UUID] == nil {
+			s.total[d.UUID], s.frac[d.UUID] = map[string]uint64{}, map[string]float64{}
 		}
 		for _, p := range d.Processes {
 			if first || p.Utilization <= 0 { // the first read covers an unknown window
@@ -73,13 +73,13 @@ func (s *NVMLSource) Busy() (map[int]map[string]uint64, error) {
 			if !ok {
 				continue
 			}
-			ns := p.Utilization*dt + s.frac[d.Index][key]
+			ns := p.Utilization*dt + s.frac[d.UUID][key]
 			whole := uint64(ns)
-			s.frac[d.Index][key] = ns - float64(whole)
-			s.total[d.Index][key] += whole
+			s.frac[d.UUID][key] = ns - float64(whole)
+			s.total[d.UUID][key] += whole
 		}
 	}
-	out := make(map[int]map[string]uint64, len(s.total))
+	out := make(map[string]map[string]uint64, len(s.total))
 	for d, m := range s.total {
 		c := make(map[string]uint64, len(m))
 		for k, v := range m {

@@ -9,6 +9,7 @@ package simrun
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -63,6 +64,7 @@ type Run struct {
 	Sched  *scheduler.Scheduler
 	Source *scheduler.NVMLSource
 	reader *nvmldev.Reader
+	gpu0   scheduler.Device // the machine's GPU 0, ordinal 0 in every container
 	key    string
 	root   string // this run's control directories
 
@@ -105,9 +107,17 @@ func Start(m Machine, cfg scheduler.Config, gs scheduler.GPUSettings) (*Run, err
 	if err != nil {
 		return nil, err
 	}
-	run := &Run{M: m, reader: r, key: controlblock.ContainerKey(cg), root: root, procs: map[string]*proc{}}
+	uuids, err := r.UUIDs()
+	if err != nil {
+		return nil, err
+	}
+	if len(uuids) == 0 {
+		return nil, errors.New("no GPU")
+	}
+	run := &Run{M: m, reader: r, gpu0: scheduler.Device{Ordinal: 0, UUID: uuids[0]}, key: controlblock.ContainerKey(cg),
+		root: root, procs: map[string]*proc{}}
 	run.Sched = withSource(cfg, run)
-	if err := run.Sched.SetGPU(0, gs); err != nil {
+	if err := run.Sched.SetGPU(run.gpu0.UUID, gs); err != nil {
 		return nil, err
 	}
 	run.Sched.Start()
@@ -166,7 +176,7 @@ func (r *Run) Admit() error {
 	r.mu.Unlock()
 	for _, c := range pending {
 		p := r.procs[c.Name]
-		if err := r.Sched.AddContainer(c.Name, p.limits, p.usage, []int{0}, c.Settings); err != nil {
+		if err := r.Sched.AddContainer(c.Name, p.limits, p.usage, []scheduler.Device{r.gpu0}, c.Settings); err != nil {
 			return err
 		}
 	}
@@ -252,7 +262,7 @@ func (r *Run) AddIdle(from string, n int) error {
 		r.mu.Lock()
 		r.idle = append(r.idle, l, u)
 		r.mu.Unlock()
-		if err := r.Sched.AddContainer(name, l, u, []int{0}, scheduler.Settings{Weight: 1}); err != nil {
+		if err := r.Sched.AddContainer(name, l, u, []scheduler.Device{r.gpu0}, scheduler.Settings{Weight: 1}); err != nil {
 			return err
 		}
 	}
@@ -292,8 +302,11 @@ func (r *Run) Busy() map[string]uint64 {
 	if err != nil {
 		return nil
 	}
-	return b[0]
+	return b[r.gpu0.UUID]
 }
+
+// GPU0 is the UUID of the machine's GPU 0, which every container uses.
+func (r *Run) GPU0() string { return r.gpu0.UUID }
 
 // Launches returns the gate tickets a container has taken on device 0:
 // one per launch, so the ratio of two containers' launches over a window

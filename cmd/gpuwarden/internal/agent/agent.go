@@ -67,19 +67,19 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 		verifier = claims.NewVerifier(resolver, cgroupFS, cfg.Paths.Proc)
 	}
 	src := collector.Sources{ControlDir: cfg.ControlDir, Cgroups: resolver, Claims: verifier, ProcRoot: cfg.Paths.Proc, CgroupNSRoot: a.nsRoot,
-		Targets: func() map[collector.Key]float64 {
+		Targets: func() map[collector.GPUKey]float64 {
 			if e := a.enf.Load(); e != nil {
 				return e.targets()
 			}
 			return nil
 		},
-		Held: func() map[collector.Key]float64 {
+		Held: func() map[collector.GPUKey]float64 {
 			if e := a.enf.Load(); e != nil {
 				return e.held()
 			}
 			return nil
 		},
-		Rewinds: func() map[collector.Key]uint64 {
+		Rewinds: func() map[collector.GPUKey]uint64 {
 			if e := a.enf.Load(); e != nil {
 				return e.rewinds()
 			}

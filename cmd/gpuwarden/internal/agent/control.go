@@ -35,16 +35,18 @@ type ContainerChange struct {
 	Priority     *string `json:"priority,omitempty"`     // high or normal
 }
 
-// GPUChange is POST /api/v1/gpus/{index}/settings.
+// GPUChange is POST /api/v1/gpus/{gpu}/settings; {gpu} is NVML's index or
+// the GPU's UUID.
 type GPUChange struct {
 	Policy  *string `json:"policy,omitempty"`  // 0-5 or fair-share, preemptive, weighted, fixed, soft, native
 	MaxInst *int    `json:"maxInst,omitempty"` // 1-128: the scheduler's max_inst and the device plugin's slots
 }
 
 // GPUInfo is a GPU's scheduling state: GET /api/v1/gpus (every GPU with
-// containers or settings) and /api/v1/gpus/{index}, and a GPU change's answer.
+// containers or settings) and /api/v1/gpus/{gpu}, and a GPU change's answer.
 type GPUInfo struct {
-	Index      int    `json:"index"`
+	Index      int    `json:"index"` // NVML's; -1: not on the node, or NVML off
+	UUID       string `json:"uuid"`
 	Policy     string `json:"policy"` // in force
 	PolicySet  bool   `json:"policySet"`
 	MaxInst    int    `json:"maxInst"`
@@ -52,8 +54,8 @@ type GPUInfo struct {
 	Containers int    `json:"containers"`
 }
 
-func gpuInfo(st scheduler.GPUStatus) GPUInfo {
-	return GPUInfo{Index: st.Device, Policy: st.Policy.String(), PolicySet: st.PolicySet, MaxInst: st.MaxInst,
+func gpuInfo(st scheduler.GPUStatus, node []string) GPUInfo {
+	return GPUInfo{Index: slices.Index(node, st.UUID), UUID: st.UUID, Policy: st.Policy.String(), PolicySet: st.PolicySet, MaxInst: st.MaxInst,
 		FreeWeight: st.FreeWeight, Containers: st.Containers}
 }
 
@@ -72,17 +74,17 @@ type ChangeResult struct {
 // InForce is one container's share on one GPU.
 type InForce struct {
 	Container string  `json:"container"`
-	GPU       int     `json:"gpu"`
+	GPU       string  `json:"gpu"` // UUID
 	Policy    string  `json:"policy"`
 	Target    float64 `json:"target"`
 }
 
 // inForce reports the scheduler's targets for every container on the GPUs.
-func (e *enforcement) inForce(devs ...int) []InForce {
+func (e *enforcement) inForce(gpus ...string) []InForce {
 	var out []InForce
 	for _, st := range e.s.Status() {
-		if slices.Contains(devs, st.Device) {
-			out = append(out, InForce{Container: st.Key, GPU: st.Device, Policy: st.Policy.String(), Target: st.Target})
+		if slices.Contains(gpus, st.GPU) {
+			out = append(out, InForce{Container: st.Key, GPU: st.GPU, Policy: st.Policy.String(), Target: st.Target})
 		}
 	}
 	return out
@@ -105,17 +107,18 @@ func (e *enforcement) register(mux *http.ServeMux, token string) {
 		}
 	}
 	mux.HandleFunc("POST /api/v1/containers/{container...}", auth(e.changeContainer))
-	mux.HandleFunc("POST /api/v1/gpus/{index}/settings", auth(e.changeGPU))
+	mux.HandleFunc("POST /api/v1/gpus/{gpu}/settings", auth(e.changeGPU))
 	mux.HandleFunc("GET /api/v1/gpus", func(w http.ResponseWriter, _ *http.Request) {
+		node, _ := e.nodeGPUs()
 		out := []GPUInfo{}
 		for _, st := range e.s.GPUs() {
-			out = append(out, gpuInfo(st))
+			out = append(out, gpuInfo(st, node))
 		}
 		writeJSON(w, out)
 	})
-	mux.HandleFunc("GET /api/v1/gpus/{index}", func(w http.ResponseWriter, r *http.Request) {
-		if dev, ok := gpuIndex(w, r); ok {
-			writeJSON(w, gpuInfo(e.s.GPU(dev)))
+	mux.HandleFunc("GET /api/v1/gpus/{gpu}", func(w http.ResponseWriter, r *http.Request) {
+		if uuid, node, ok := e.gpuOf(w, r); ok {
+			writeJSON(w, gpuInfo(e.s.GPU(uuid), node))
 		}
 	})
 	mux.HandleFunc("GET /api/v1/events", func(w http.ResponseWriter, _ *http.Request) { writeJSON(w, e.breaches.list()) })
@@ -343,9 +346,9 @@ func (e *enforcement) apply(m *member, ch ContainerChange) (ChangeResult, error)
 			return res, errors.New("memoryLimit: want a size list such as 6Gi or 3Gi,4Gi (0: none)")
 		}
 		for _, d := range m.devices {
-			if held := m.usage.Reserved(d); mem[d] > 0 && held > mem[d] {
-				res.Warnings = append(res.Warnings, fmt.Sprintf("GPU %d: the container already holds %d MiB, over the new limit of %d MiB; "+
-					"it keeps what it has, and new allocations fail until it is under", d, held>>20, mem[d]>>20))
+			if held := m.usage.Reserved(d.Ordinal); mem[d.Ordinal] > 0 && held > mem[d.Ordinal] {
+				res.Warnings = append(res.Warnings, fmt.Sprintf("GPU %s: the container already holds %d MiB, over the new limit of %d MiB; "+
+					"it keeps what it has, and new allocations fail until it is under", d.UUID, held>>20, mem[d.Ordinal]>>20))
 			}
 		}
 	}
@@ -367,7 +370,11 @@ func (e *enforcement) apply(m *member, ch ContainerChange) (ChangeResult, error)
 		}
 		s.Containers[m.dir] = sc
 	})
-	res.InForce = e.inForce(m.devices...)
+	var gpus []string
+	for _, d := range m.devices {
+		gpus = append(gpus, d.UUID)
+	}
+	res.InForce = e.inForce(gpus...)
 	return res, err
 }
 
@@ -381,20 +388,30 @@ func (e *enforcement) current(dir string) scheduler.Settings {
 	return scheduler.Settings{Weight: 1}
 }
 
-// gpuIndex reads {index}, answering 404 for one no GPU can have.
-func gpuIndex(w http.ResponseWriter, r *http.Request) (int, bool) {
-	dev, err := strconv.Atoi(r.PathValue("index"))
-	if err != nil || dev < 0 || dev >= controlblock.MaxDevices {
-		httpError(w, http.StatusNotFound, "no GPU "+bounded(r.PathValue("index")))
-		return 0, false
+// gpuOf reads {gpu}, NVML's index or a UUID, as the GPU's UUID (with the
+// node's GPUs by index), answering 404 for a GPU the node does not have.
+// Without NVML only a UUID names a GPU.
+func (e *enforcement) gpuOf(w http.ResponseWriter, r *http.Request) (uuid string, node []string, ok bool) {
+	arg := r.PathValue("gpu")
+	node, err := e.nodeGPUs()
+	if err != nil {
+		httpError(w, http.StatusServiceUnavailable, "the node's GPUs: "+err.Error())
+		return "", nil, false
 	}
-	return dev, true
+	if i, err := strconv.Atoi(arg); err == nil && i >= 0 && i < len(node) {
+		return node[i], node, true
+	}
+	if strings.HasPrefix(arg, "GPU-") && len(arg) <= 64 && (node == nil || slices.Contains(node, arg)) {
+		return arg, node, true
+	}
+	httpError(w, http.StatusNotFound, "no GPU "+bounded(arg))
+	return "", nil, false
 }
 
 // changeGPU sets a GPU's policy or max_inst; a new max_inst goes to the
 // device plugin first, which may refuse it (409), then to the scheduler.
 func (e *enforcement) changeGPU(w http.ResponseWriter, r *http.Request) {
-	dev, ok := gpuIndex(w, r)
+	uuid, node, ok := e.gpuOf(w, r)
 	if !ok {
 		return
 	}
@@ -402,8 +419,7 @@ func (e *enforcement) changeGPU(w http.ResponseWriter, r *http.Request) {
 	if !decodeChange(w, r, &ch) {
 		return
 	}
-	saved := e.settings.gpus()[dev]
-	g := scheduler.GPUSettings{Policy: saved.Policy, PolicySet: saved.PolicySet, MaxInst: saved.MaxInst}
+	g := e.settings.gpu(uuid)
 	if ch.Policy != nil {
 		p, err := policy.Parse(*ch.Policy)
 		if err != nil {
@@ -418,23 +434,24 @@ func (e *enforcement) changeGPU(w http.ResponseWriter, r *http.Request) {
 			httpError(w, http.StatusBadRequest, err.Error())
 			return
 		}
-		if err := e.a.setSlots(r.Context(), dev, g.MaxInst); err != nil {
+		if err := e.a.setSlots(r.Context(), slices.Index(node, uuid), g.MaxInst); err != nil {
 			httpError(w, http.StatusConflict, "device plugin: "+err.Error())
 			return
 		}
 	}
-	if err := e.s.SetGPU(dev, g); err != nil {
+	if err := e.s.SetGPU(uuid, g); err != nil {
 		httpError(w, http.StatusBadRequest, err.Error())
 		return
 	}
 	if err := e.settings.update(func(s *settingsStore) {
-		s.GPUs[strconv.Itoa(dev)] = savedGPU{Policy: g.Policy, PolicySet: g.PolicySet, MaxInst: g.MaxInst}
+		s.GPUs[uuid] = savedGPU{Policy: g.Policy, PolicySet: g.PolicySet, MaxInst: g.MaxInst}
+		delete(s.GPUs, strconv.Itoa(slices.Index(node, uuid))) // its entry by index, from an older file
 	}); err != nil {
 		httpError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	info := gpuInfo(e.s.GPU(dev))
-	writeJSON(w, ChangeResult{InForce: e.inForce(dev), GPU: &info})
+	info := gpuInfo(e.s.GPU(uuid), node)
+	writeJSON(w, ChangeResult{InForce: e.inForce(uuid), GPU: &info})
 }
 
 // policyNames lists the policies by name, for an error.

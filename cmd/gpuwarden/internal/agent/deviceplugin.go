@@ -45,9 +45,13 @@ func (a *Agent) startDevicePlugin(ctx context.Context) {
 // setSlots gives GPU dev n slots in the device plugin, when it runs, so that
 // its slots and the scheduler's max_inst stay one number; the plugin refuses
 // to take away a slot the kubelet has assigned. n of 0 (not set) leaves them.
+// dev is NVML's index (-1: a GPU the node does not have).
 func (a *Agent) setSlots(ctx context.Context, dev, n int) error {
 	if a.plugin == nil || n == 0 {
 		return nil
+	}
+	if dev < 0 {
+		return errors.New("the GPU is not on the node")
 	}
 	var inUse []string
 	if a.pods != nil {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -29,9 +30,13 @@ type enforcement struct {
 	cgroupFS string
 	settings *settingsStore
 	pods     *podAnnotations // nil off Kubernetes
+	// node lists the node's GPUs by UUID, in NVML's index order; nil
+	// without NVML (a ledger's UUIDs are then taken as they are).
+	node func() ([]string, error)
 
 	mu       sync.Mutex
 	members  map[string]*member // by control-block directory
+	unmapped map[string]bool    // directories already logged for a GPU of unknown UUID
 	breaches breachWatch
 	stop     context.CancelFunc
 	done     chan struct{}
@@ -44,7 +49,8 @@ type member struct {
 	path    string
 	limits  *controlblock.LimitsFile
 	usage   *controlblock.UsageFile
-	devices []int
+	used    []int // ordinals it holds memory on
+	devices []scheduler.Device
 	// annotated is what the pod's annotations last set (zero: none yet).
 	annotated scheduler.Settings
 }
@@ -57,12 +63,13 @@ func (a *Agent) startEnforcement(resolver *cgroups.Resolver, verifier *claims.Ve
 		return nil
 	}
 	e := &enforcement{a: a, resolver: resolver, claims: verifier, cgroupFS: cgroupFS, settings: store, pods: pods,
-		members: map[string]*member{}, done: make(chan struct{})}
+		members: map[string]*member{}, unmapped: map[string]bool{}, done: make(chan struct{})}
 	e.breaches.init()
 	var src scheduler.Source
 	if a.cfg.NVML.Enabled {
 		if r, err := nvmldev.Open(a.cfg.NVML.Library); err == nil {
 			src = scheduler.NewNVMLSource(r, e.keyOfPid)
+			e.node = r.UUIDs
 			a.closers = append(a.closers, r.Close)
 		} else {
 			a.log.Warn("enforcer without NVML: device time per launch is not measured", "err", err)
@@ -70,12 +77,17 @@ func (a *Agent) startEnforcement(resolver *cgroups.Resolver, verifier *claims.Ve
 	}
 	// Claims and throttled time change slowly: their ledgers are read every 2 s.
 	e.s = scheduler.New(scheduler.Config{Source: src, Ledger: 2 * time.Second, MaxInst: a.cfg.DevicePlugin.MaxInst})
-	for dev, g := range store.gpus() {
-		if err := e.s.SetGPU(dev, g); err != nil {
-			a.log.Warn("saved GPU settings refused", "gpu", dev, "err", err)
+	node, _ := e.nodeGPUs()
+	saved, unknown := store.gpus(node)
+	if len(unknown) > 0 {
+		a.log.Warn("saved settings of GPUs by index dropped: NVML does not name those GPUs", "gpus", unknown)
+	}
+	for uuid, g := range saved {
+		if err := e.s.SetGPU(uuid, g); err != nil {
+			a.log.Warn("saved GPU settings refused", "gpu", uuid, "err", err)
 		}
-		if err := a.setSlots(context.Background(), dev, g.MaxInst); err != nil {
-			a.log.Warn("saved max_inst not given to the device plugin", "gpu", dev, "err", err)
+		if err := a.setSlots(context.Background(), slices.Index(node, uuid), g.MaxInst); err != nil {
+			a.log.Warn("saved max_inst not given to the device plugin", "gpu", uuid, "err", err)
 		}
 	}
 	e.s.Start()
@@ -85,6 +97,14 @@ func (a *Agent) startEnforcement(resolver *cgroups.Resolver, verifier *claims.Ve
 	a.parts.set("enforcer", true, nil)
 	a.closers = append(a.closers, e.close)
 	return e
+}
+
+// nodeGPUs lists the node's GPUs by UUID (nil without NVML).
+func (e *enforcement) nodeGPUs() ([]string, error) {
+	if e.node == nil {
+		return nil, nil
+	}
+	return e.node()
 }
 
 // keyOfPid names the container a host process belongs to, by its cgroup.
@@ -131,12 +151,14 @@ func (e *enforcement) loop(ctx context.Context) {
 func (e *enforcement) discover() {
 	dirs, _ := os.ReadDir(e.a.cfg.ControlDir)
 	seen := map[string]bool{}
+	// The node's GPUs are listed once a round, when a container needs them.
+	nodeGPUs := sync.OnceValues(e.nodeGPUs)
 	for _, d := range dirs {
 		if !d.IsDir() {
 			continue
 		}
 		seen[d.Name()] = true
-		if err := e.track(d.Name()); err != nil {
+		if err := e.track(d.Name(), nodeGPUs); err != nil {
 			e.a.log.Debug("not enforcing", "dir", d.Name(), "err", err)
 		}
 	}
@@ -147,9 +169,14 @@ func (e *enforcement) discover() {
 			e.dropLocked(m)
 		}
 	}
+	for dir := range e.unmapped {
+		if !seen[dir] {
+			delete(e.unmapped, dir)
+		}
+	}
 }
 
-func (e *enforcement) track(dir string) error {
+func (e *enforcement) track(dir string, nodeGPUs func() ([]string, error)) error {
 	if e.unchanged(dir) {
 		return nil
 	}
@@ -164,16 +191,32 @@ func (e *enforcement) track(dir string) error {
 	if err != nil {
 		return fmt.Errorf("cgroup claim refused: %w", err)
 	}
-	var devices []int
+	node, err := nodeGPUs()
+	if err != nil {
+		return fmt.Errorf("list the node's GPUs: %w", err)
+	}
+	gpus := u.GPUs(node)
+	var used, unknown []int
+	var devices []scheduler.Device
 	for d := 0; d < u.NDev; d++ {
-		if u.ReservedBytes[d] > 0 {
-			devices = append(devices, d)
+		if u.ReservedBytes[d] == 0 {
+			continue
 		}
+		used = append(used, d)
+		if gpus[d] == "" {
+			unknown = append(unknown, d)
+			continue
+		}
+		devices = append(devices, scheduler.Device{Ordinal: d, UUID: gpus[d]})
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if len(unknown) > 0 && !e.unmapped[dir] {
+		e.unmapped[dir] = true
+		e.a.log.Warn("not scheduled on GPUs its ledger names no UUID for (an old interposer?)", "container", dir, "ordinals", unknown)
+	}
 	if m := e.members[dir]; m != nil {
-		if m.cgroup == u.CgroupID && sameInts(m.devices, devices) {
+		if m.cgroup == u.CgroupID && slices.Equal(m.used, used) && slices.Equal(m.devices, devices) {
 			return nil
 		}
 		e.dropLocked(m) // another cgroup, or other devices: start again
@@ -185,7 +228,7 @@ func (e *enforcement) track(dir string) error {
 	if err != nil {
 		return err
 	}
-	m.cgroup, m.path, m.devices = u.CgroupID, path, devices
+	m.cgroup, m.path, m.used, m.devices = u.CgroupID, path, used, devices
 	if err := e.s.AddContainer(dir, m.limits, m.usage, devices, e.settings.container(dir)); err != nil {
 		m.close()
 		return err
@@ -197,24 +240,25 @@ func (e *enforcement) track(dir string) error {
 
 // unchanged says whether a container under the scheduler still uses the
 // same devices, read from its mapped ledger: re-reading every ledger twice
-// a second would cost more than the scheduling itself.
+// a second would cost more than the scheduling itself. One that uses a GPU
+// of unknown UUID is read again, until its ledger names it.
 func (e *enforcement) unchanged(dir string) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	m := e.members[dir]
-	if m == nil {
+	if m == nil || len(m.devices) != len(m.used) {
 		return false
 	}
 	n := 0
 	for d := 0; d < controlblock.MaxDevices; d++ {
 		if m.usage.Reserved(d) > 0 {
-			if n >= len(m.devices) || m.devices[n] != d {
+			if n >= len(m.used) || m.used[n] != d {
 				return false
 			}
 			n++
 		}
 	}
-	return n == len(m.devices)
+	return n == len(m.used)
 }
 
 // open adopts a container's directory and maps its files, making `limits`
@@ -257,20 +301,8 @@ func (m *member) close() {
 	m.usage.Close()
 }
 
-func sameInts(a, b []int) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
-}
-
 // targets gives the collector each container's target share per device.
-func (e *enforcement) targets() map[collector.Key]float64 {
+func (e *enforcement) targets() map[collector.GPUKey]float64 {
 	return perContainer(e, func(st scheduler.Status) (float64, bool) {
 		return st.Target, st.Target > 0 && st.Policy != policy.Native
 	})
@@ -278,7 +310,7 @@ func (e *enforcement) targets() map[collector.Key]float64 {
 
 // held gives the collector the share each container may not exceed: held
 // to by the gate, with no borrowing (soft) or priority to take more.
-func (e *enforcement) held() map[collector.Key]float64 {
+func (e *enforcement) held() map[collector.GPUKey]float64 {
 	return perContainer(e, func(st scheduler.Status) (float64, bool) {
 		return st.Target, st.Gated && st.Policy != policy.Soft && !st.High && st.Target > 0 && st.Target < 1
 	})
@@ -286,20 +318,20 @@ func (e *enforcement) held() map[collector.Key]float64 {
 
 // rewinds gives the collector how many times the scheduler saw each
 // container's launch tickets go back, per device.
-func (e *enforcement) rewinds() map[collector.Key]uint64 {
+func (e *enforcement) rewinds() map[collector.GPUKey]uint64 {
 	return perContainer(e, func(st scheduler.Status) (uint64, bool) { return st.Rewinds, true })
 }
 
 // perContainer keys what pick takes from each container's scheduler status
 // (where it says to keep it) by the container's cgroup and device, as the
 // collector knows them.
-func perContainer[T any](e *enforcement, pick func(scheduler.Status) (T, bool)) map[collector.Key]T {
-	out := map[collector.Key]T{}
+func perContainer[T any](e *enforcement, pick func(scheduler.Status) (T, bool)) map[collector.GPUKey]T {
+	out := map[collector.GPUKey]T{}
 	byKey := e.cgroups()
 	for _, st := range e.s.Status() {
 		if cg, ok := byKey[st.Key]; ok {
 			if v, keep := pick(st); keep {
-				out[collector.Key{Cgroup: cg, GPU: st.Device}] = v
+				out[collector.GPUKey{Cgroup: cg, UUID: st.GPU}] = v
 			}
 		}
 	}

@@ -20,7 +20,7 @@ type settingsStore struct {
 
 	mu         sync.Mutex
 	Containers map[string]savedContainer `json:"containers"` // by control-block directory
-	GPUs       map[string]savedGPU       `json:"gpus"`       // by device index
+	GPUs       map[string]savedGPU       `json:"gpus"`       // by UUID (files before UUIDs: by NVML index)
 }
 
 type savedContainer struct {
@@ -81,16 +81,35 @@ func (s *settingsStore) memory(dir string) ([controlblock.MaxDevices]uint64, boo
 	return [controlblock.MaxDevices]uint64{}, false
 }
 
-func (s *settingsStore) gpus() map[int]scheduler.GPUSettings {
+// gpus returns the saved GPU settings by UUID. A file written before GPUs
+// were known by UUID keys them by NVML index: node (the node's UUIDs by
+// index) names them; those it cannot name are returned in unknown.
+func (s *settingsStore) gpus(node []string) (out map[string]scheduler.GPUSettings, unknown []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := map[int]scheduler.GPUSettings{}
+	out = map[string]scheduler.GPUSettings{}
 	for k, g := range s.GPUs {
-		if dev, err := strconv.Atoi(k); err == nil {
-			out[dev] = scheduler.GPUSettings{Policy: g.Policy, PolicySet: g.PolicySet, MaxInst: g.MaxInst}
+		if i, err := strconv.Atoi(k); err == nil {
+			if i < 0 || i >= len(node) {
+				unknown = append(unknown, k)
+				continue
+			}
+			if _, ok := s.GPUs[node[i]]; ok {
+				continue // saved by UUID since
+			}
+			k = node[i]
 		}
+		out[k] = scheduler.GPUSettings{Policy: g.Policy, PolicySet: g.PolicySet, MaxInst: g.MaxInst}
 	}
-	return out
+	return out, unknown
+}
+
+// gpu returns one GPU's saved settings.
+func (s *settingsStore) gpu(uuid string) scheduler.GPUSettings {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	g := s.GPUs[uuid]
+	return scheduler.GPUSettings{Policy: g.Policy, PolicySet: g.PolicySet, MaxInst: g.MaxInst}
 }
 
 // prune forgets the settings of containers whose control directories are

@@ -1,0 +1,38 @@
+package agent
+
+import (
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+
+	"github.com/gpuwarden/gpuwarden/enforcer/policy"
+	"github.com/gpuwarden/gpuwarden/enforcer/scheduler"
+)
+
+// TestSavedGPUsByUUID: GPU settings are kept by UUID; a file from before
+// keys them by NVML index, read as the GPUs NVML lists now, and an index
+// NVML does not list is reported, not guessed.
+func TestSavedGPUsByUUID(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "settings.json")
+	old := `{"containers":{},"gpus":{"1":{"policy":2,"policySet":true,"maxInst":6},"7":{"policy":0,"maxInst":3},
+		"GPU-b":{"policy":1,"policySet":true,"maxInst":0}}}`
+	if err := os.WriteFile(path, []byte(old), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s, err := loadSettings(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, unknown := s.gpus([]string{"GPU-a", "GPU-b"})
+	want := map[string]scheduler.GPUSettings{
+		"GPU-b": {Policy: policy.Policy(1), PolicySet: true}, // saved by UUID since: it wins over index 1
+	}
+	if !reflect.DeepEqual(got, want) || !reflect.DeepEqual(unknown, []string{"7"}) {
+		t.Errorf("gpus = %v, unknown %v; want %v, [7]", got, unknown, want)
+	}
+	got, _ = s.gpus([]string{"GPU-a", "GPU-c"})
+	if g := got["GPU-c"]; g.MaxInst != 6 || g.Policy != policy.Policy(2) {
+		t.Errorf("index 1 on a node whose GPU 1 is GPU-c: %v, want its saved settings", got)
+	}
+}

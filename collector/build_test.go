@@ -1,0 +1,106 @@
+package collector
+
+import (
+	"log/slog"
+	"testing"
+
+	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+)
+
+// TestLedgerOrdinalsLandOnTheirGPUs: a ledger's CUDA ordinals are the
+// container's own (CUDA_VISIBLE_DEVICES renumbers them), so the view puts
+// them on the GPUs whose UUIDs the ledger records, each process's figures
+// on the GPU it holds memory on, and a GPU of unknown UUID on no GPU.
+func TestLedgerOrdinalsLandOnTheirGPUs(t *testing.T) {
+	var raw [4][16]byte
+	node := make([]string, 4)
+	j := &joiner{c: New("node", "test", Sources{}, slog.New(slog.DiscardHandler)), v: &View{},
+		entries: map[Key]*ContainerDevice{}, uuids: map[int]string{}, index: map[string]int{},
+		live: map[uint64]bool{}, procs: map[Key][]gpuProc{}, ordinals: map[Key]int{}}
+	for i := range raw {
+		raw[i] = [16]byte{0x5a, 15: byte(i)}
+		node[i] = controlblock.UUIDString(raw[i])
+		j.uuids[i], j.index[node[i]] = node[i], i
+	}
+	j.node = node
+	add := func(dir string, cg uint64, u *controlblock.UsageSnapshot) {
+		u.CgroupID = cg
+		l := &ledger{dir: dir, usage: u}
+		j.place(l)
+		j.addLedger(cg, l)
+	}
+	// On GPU 2, which it sees as ordinal 0.
+	one := &controlblock.UsageSnapshot{NDev: 1}
+	one.DevUUID[0], one.ReservedBytes[0] = raw[2], 100
+	p := controlblock.ProcUsage{Slot: 0, Pid: 10, Launches: 7, ThrottledNs: 2e9}
+	p.Bytes[0] = 50
+	one.Procs = []controlblock.ProcUsage{p}
+	add("one", 1, one)
+	// On GPUs 3 and 1 (ordinals 0 and 1), a process on each.
+	two := &controlblock.UsageSnapshot{NDev: 2}
+	two.DevUUID[0], two.DevUUID[1] = raw[3], raw[1]
+	two.ReservedBytes[0], two.ReservedBytes[1] = 300, 200
+	a := controlblock.ProcUsage{Slot: 0, Pid: 20, Launches: 5}
+	a.Bytes[0] = 10
+	b := controlblock.ProcUsage{Slot: 1, Pid: 21, Launches: 9, ThrottledNs: 1e9}
+	b.Bytes[1] = 10
+	two.Procs = []controlblock.ProcUsage{a, b}
+	add("two", 2, two)
+	// An old interposer's: no UUID recorded, on a node of four.
+	old := &controlblock.UsageSnapshot{NDev: 1}
+	old.ReservedBytes[0] = 400
+	add("old", 3, old)
+
+	for _, tt := range []struct {
+		k                  Key
+		uuid               string
+		ledger             uint64
+		launches, throttle float64
+	}{
+		{Key{1, 2}, node[2], 100, 7, 2},
+		{Key{2, 3}, node[3], 300, 5, 0},
+		{Key{2, 1}, node[1], 200, 9, 1},
+		{Key{3, NoGPU}, "", 400, 0, 0},
+	} {
+		e := j.entries[tt.k]
+		if e == nil {
+			t.Errorf("no entry for cgroup %d on GPU %d; entries %v", tt.k.Cgroup, tt.k.GPU, j.entries)
+			continue
+		}
+		if e.GPU != tt.k.GPU || e.UUID != tt.uuid || e.LedgerBytes != tt.ledger || e.Launches != tt.launches || e.ThrottledSeconds != tt.throttle {
+			t.Errorf("cgroup %d: gpu %d %q, ledger %d, launches %v, throttled %v; want gpu %d %q, %d, %v, %v", tt.k.Cgroup,
+				e.GPU, e.UUID, e.LedgerBytes, e.Launches, e.ThrottledSeconds, tt.k.GPU, tt.uuid, tt.ledger, tt.launches, tt.throttle)
+		}
+	}
+	if len(j.entries) != 4 {
+		t.Errorf("%d entries, want 4: %v", len(j.entries), j.entries)
+	}
+	if !j.c.unmapped["old"] || j.c.unmapped["one"] {
+		t.Errorf("ledgers logged for GPUs of unknown UUID: %v, want old alone", j.c.unmapped)
+	}
+}
+
+// TestOrdinalsWithoutLedger: a container without a ledger (a bypass) is
+// placed by where NVML lists its processes, never by its ordinal alone.
+func TestOrdinalsWithoutLedger(t *testing.T) {
+	node := []string{"GPU-a", "GPU-b", "GPU-c"}
+	j := &joiner{node: node, index: map[string]int{"GPU-a": 0, "GPU-b": 1, "GPU-c": 2},
+		nvmlGPUs: map[uint64]map[int]bool{1: {2: true}, 2: {0: true, 1: true}}}
+	for _, tt := range []struct {
+		cg      uint64
+		ordinal int
+		want    int
+	}{
+		{1, 0, 2},     // NVML lists it on GPU 2 alone
+		{2, 0, NoGPU}, // on two GPUs: which is ordinal 0 is not known
+		{3, 1, NoGPU}, // NVML lists none of its processes
+	} {
+		if got := j.gpuOf(tt.cg, nil, tt.ordinal); got != tt.want {
+			t.Errorf("cgroup %d ordinal %d: GPU %d, want %d", tt.cg, tt.ordinal, got, tt.want)
+		}
+	}
+	one := &joiner{node: node[:1], index: map[string]int{"GPU-a": 0}}
+	if got := one.gpuOf(3, nil, 0); got != 0 {
+		t.Errorf("on a node of one GPU, ordinal 0: GPU %d, want 0", got)
+	}
+}
