@@ -57,13 +57,8 @@ type execMapping struct {
 func execMappings(data []byte) []execMapping {
 	var out []execMapping
 	seen := map[string]bool{}
-	for len(data) > 0 {
-		line := data
-		if i := bytes.IndexByte(data, '\n'); i >= 0 {
-			line, data = data[:i], data[i+1:]
-		} else {
-			data = nil
-		}
+	for line := range bytes.Lines(data) {
+		line = bytes.TrimSuffix(line, []byte("\n"))
 		// range perms offset dev inode path
 		sp := bytes.IndexByte(line, ' ')
 		if sp < 0 || len(line) < sp+4 || line[sp+3] != 'x' {

@@ -99,13 +99,7 @@ func ParseMaps(data []byte) []MapsEntry {
 	}
 	var out []MapsEntry
 	seen := map[string]bool{}
-	for len(data) > 0 {
-		line := data
-		if i := bytes.IndexByte(data, '\n'); i >= 0 {
-			line, data = data[:i], data[i+1:]
-		} else {
-			data = nil
-		}
+	for line := range bytes.Lines(data) {
 		if !bytes.Contains(line, []byte("libcuda.so")) {
 			continue
 		}
