@@ -73,23 +73,27 @@ func (l *lockedBuilder) Write(p []byte) (int, error) {
 // line follows the program's output: ready, progress and its final rate.
 func (t *trainer) line(l string) {
 	f := strings.Fields(l)
-	{
-		switch {
-		case len(f) > 0 && f[0] == "ready":
-			t.readyOnce()
-		case len(f) == 3 && f[0] == "progress":
-			sec, _ := strconv.ParseFloat(f[1], 64)
-			n, _ := strconv.ParseFloat(f[2], 64)
-			t.mu.Lock()
-			t.at, t.images = time.Unix(0, int64(sec*1e9)), n
-			t.mu.Unlock()
-		case len(f) >= 2 && (f[0] == "images_per_sec" || (f[0] == "BENCH" && f[1] == "train_images_per_sec")):
-			v, _ := strconv.ParseFloat(f[len(f)-1-btoi(f[0] == "BENCH")], 64)
-			t.mu.Lock()
-			t.final = v
-			t.mu.Unlock()
-		}
+	switch {
+	case len(f) > 0 && f[0] == "ready":
+		t.readyOnce()
+	case len(f) == 3 && f[0] == "progress":
+		sec, _ := strconv.ParseFloat(f[1], 64)
+		n, _ := strconv.ParseFloat(f[2], 64)
+		t.mu.Lock()
+		t.at, t.images = time.Unix(0, int64(sec*1e9)), n
+		t.mu.Unlock()
+	case len(f) == 2 && f[0] == "images_per_sec": // train.py
+		t.setFinal(f[1])
+	case len(f) == 4 && f[0] == "BENCH" && f[1] == "train_images_per_sec": // simgpu's workload
+		t.setFinal(f[2])
 	}
+}
+
+func (t *trainer) setFinal(v string) {
+	rate, _ := strconv.ParseFloat(v, 64)
+	t.mu.Lock()
+	t.final = rate
+	t.mu.Unlock()
 }
 
 func btoi(b bool) int {
