@@ -249,6 +249,7 @@ func TestDefaults(t *testing.T) {
 		"/var/lib/kubelet/device-plugins": "/var/lib/kubelet/device-plugins",
 		"/var/lib/kubelet/pod-resources":  "/var/lib/kubelet/pod-resources",
 		"/usr/local/gpuwarden/lib":        "/usr/local/gpuwarden/lib",
+		"/var/lib/gpuwarden":              "/var/lib/gpuwarden", // enforcement.stateFile
 	}
 	if !reflect.DeepEqual(mounts, want) {
 		t.Errorf("mounts (container path: host path)\n got %v\nwant %v", mounts, want)
