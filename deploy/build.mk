@@ -45,8 +45,10 @@ test: gpu-check
 # cluster.sh runs the tests inside the cluster's network namespace and
 # restores the host after, even when they fail; a host that cannot run a
 # cluster skips them, or fails under GPUWARDEN_REQUIRE_PRIVILEGED=1.
-# CGO_ENABLED=0 and -trimpath match the Kubernetes build, so the tests reuse
-# its compiled packages.
+# Two modules' tests share one cluster: deploy/k8stest's, built as
+# Kubernetes is (CGO_ENABLED=0, -trimpath) to reuse its compiled packages,
+# and deploy/k8stest/chart's (Helm's newer dependency tree), built as
+# chart-test builds, to reuse its.
 DEPS_K8S := containerd runc containernetworking-plugins busybox-static iproute2 util-linux openssl gcc libc6-dev
 DEPS_TEST += $(DEPS_K8S)
 
@@ -54,6 +56,9 @@ DEPS_TEST += $(DEPS_K8S)
 k8s-test: build ## Run only the end-to-end tests on a real Kubernetes node (root; the first run builds Kubernetes)
 	@.ci/deps.sh $(DEPS_K8S)
 	cd deploy/k8stest && CGO_ENABLED=0 $(GO) vet -trimpath ./...
-	cd deploy/k8stest && CGO_ENABLED=0 ./cluster.sh run $(GO) test -trimpath -count=1 -timeout 20m -v ./...
+	cd deploy/k8stest/chart && $(GO) vet ./...
+	cd deploy/k8stest && ./cluster.sh run bash -c 'rc=0; \
+		CGO_ENABLED=0 $(GO) test -trimpath -count=1 -timeout 20m -v ./... || rc=1; \
+		cd chart && $(GO) test -count=1 -timeout 20m -v ./... || rc=1; exit $$rc'
 
 TEST_EXTRA += k8s-test

@@ -72,7 +72,7 @@ HOST_PATHS=(/var/lib/kubelet /var/lib/kubelet/device-plugins /var/lib/cni /var/l
     /var/log/pods /run/containerd /run/netns)
 DEVICE_PLUGINS=/var/lib/kubelet/device-plugins # the kubelet's, fixed in its code
 
-S= NS= CMD_PID= PIDS=() NAMES=()
+S= NS= CMD_GROUP= PIDS=() NAMES=()
 
 # start NAME CMD...: a component inside the namespace, logging to $S/log/NAME.log.
 # nsenter execs the command, so $! is the component's own PID.
@@ -278,16 +278,17 @@ EOC
     wait_for "the default service account" 120 kctl get serviceaccount default
 }
 
-# stop PID NAME: SIGTERM, then SIGKILL after 30 seconds.
+# stop PID NAME: SIGTERM, then SIGKILL after 30 seconds. A negative PID
+# is a process group.
 stop() {
     local pid=$1 i
-    kill -TERM "$pid" 2>/dev/null || return 0
+    kill -TERM -- "$pid" 2>/dev/null || return 0
     for i in $(seq 60); do
-        kill -0 "$pid" 2>/dev/null || return 0
+        kill -0 -- "$pid" 2>/dev/null || return 0
         sleep 0.5
     done
-    log "$2 (pid $pid) did not stop on SIGTERM; killing it"
-    kill -KILL "$pid" 2>/dev/null || true
+    log "$2 ($pid) did not stop on SIGTERM; killing it"
+    kill -KILL -- "$pid" 2>/dev/null || true
 }
 
 # cgroup_dirs: the kubelet's pod cgroups in every hierarchy, deepest first.
@@ -303,9 +304,10 @@ teardown() {
     set +e
     local failed=0 t0=$SECONDS i pid m d p v
     case "$S" in /?*/?*) ;; *) return 0 ;; esac # nothing of ours to find without it
-    # The command first, when a signal ended the run before it finished.
-    if [ -n "$CMD_PID" ] && kill -0 "$CMD_PID" 2>/dev/null; then
-        stop "$CMD_PID" "the command"
+    # The command first, with whatever it left running (its process
+    # group), when a signal ended the run or it left children behind.
+    if [ -n "$CMD_GROUP" ] && kill -0 -- "-$CMD_GROUP" 2>/dev/null; then
+        stop "-$CMD_GROUP" "the command's process group"
     fi
     if [ ${#PIDS[@]} -gt 0 ]; then
         # Pods first, through the kubelet, so sandboxes and their network go cleanly.
@@ -424,12 +426,14 @@ run() {
         GPUWARDEN_K8S_KUBECTL=$CACHE/bin/kubectl \
         GPUWARDEN_K8S_DEVICE_PLUGINS=$DEVICE_PLUGINS \
         GPUWARDEN_K8S_POD_RESOURCES_SOCKET=$S/kubelet/pod-resources/kubelet.sock \
-        nsenter --net="/run/netns/$NS" "$@" <&0 &
+        GPUWARDEN_K8S_CONTAINERD=$S/containerd/containerd.sock \
+        setsid nsenter --net="/run/netns/$NS" "$@" <&0 9>&- &
     # In the background, so that a signal to this script ends the wait at
-    # once and teardown stops the command by its PID.
-    CMD_PID=$!
-    wait "$CMD_PID" || status=$?
-    CMD_PID=
+    # once; in a process group of its own (setsid), so that teardown stops
+    # it and everything it started; without the lock's descriptor, so that
+    # nothing it leaves behind holds the lock.
+    CMD_GROUP=$!
+    wait "$CMD_GROUP" || status=$?
     exit $status
 }
 
