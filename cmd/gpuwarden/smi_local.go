@@ -11,7 +11,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/collector"
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
 	"github.com/gpuwarden/gpuwarden/collector/claims"
-	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
+	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
 )
 
 // localView reads what smi can see without the agent: the interposer's
