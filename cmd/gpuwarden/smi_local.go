@@ -8,6 +8,8 @@ import (
 	"os"
 	"strings"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+
 	"github.com/gpuwarden/gpuwarden/collector"
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
 	"github.com/gpuwarden/gpuwarden/collector/claims"
@@ -86,10 +88,10 @@ func (l *localView) view(ctx context.Context) *smiView {
 	v := &smiView{Node: cv.Node, Time: cv.Time, Source: "local", Devices: cv.Devices, Containers: cv.Containers,
 		Sources: cv.Sources, Notes: append([]string(nil), l.notes...)}
 	if v.Devices == nil {
-		v.Devices = []collector.Device{}
+		v.Devices = []agentapi.Device{}
 	}
 	if v.Containers == nil {
-		v.Containers = []collector.ContainerDevice{}
+		v.Containers = []agentapi.ContainerDevice{}
 	}
 	for _, s := range cv.Sources {
 		if !s.OK {

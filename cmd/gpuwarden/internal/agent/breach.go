@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/config"
@@ -18,27 +20,13 @@ import (
 	"github.com/gpuwarden/gpuwarden/collector/claims"
 )
 
-// Event is something the enforcer saw or did, for /api/v1/events.
-type Event struct {
-	Time      time.Time `json:"time"`
-	Kind      string    `json:"kind"` // breach, frozen, killed, unfrozen
-	Reason    string    `json:"reason,omitempty"`
-	Cgroup    string    `json:"cgroup"`
-	Namespace string    `json:"namespace,omitempty"`
-	Pod       string    `json:"pod,omitempty"`
-	Container string    `json:"container,omitempty"`
-	GPU       int       `json:"gpu"`
-	PIDs      []int     `json:"pids,omitempty"`
-	Message   string    `json:"message"`
-}
-
 // breachWatch remembers which breaches were reported (and which cgroups
 // frozen), and keeps the latest events.
 type breachWatch struct {
 	mu      sync.Mutex
 	flagged map[string]bool // cgroup path + reason
 	frozen  map[string]bool
-	events  []Event
+	events  []agentapi.Event
 }
 
 const maxEvents = 200
@@ -47,7 +35,7 @@ func (b *breachWatch) init() {
 	b.flagged, b.frozen = map[string]bool{}, map[string]bool{}
 }
 
-func (b *breachWatch) record(ev Event) {
+func (b *breachWatch) record(ev agentapi.Event) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	ev.Time = time.Now()
@@ -57,10 +45,10 @@ func (b *breachWatch) record(ev Event) {
 	}
 }
 
-func (b *breachWatch) list() []Event {
+func (b *breachWatch) list() []agentapi.Event {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return append([]Event{}, b.events...)
+	return append([]agentapi.Event{}, b.events...)
 }
 
 // fresh marks the view's breaches as reported and returns those that were
@@ -88,8 +76,8 @@ func (b *breachWatch) fresh(v *collector.View) []breachAt {
 
 // breachAt is one breach of one container.
 type breachAt struct {
-	c collector.ContainerDevice
-	b collector.Breach
+	c agentapi.ContainerDevice
+	b agentapi.Breach
 }
 
 // checkBreaches reports each new breach the collector's view shows (a log
@@ -98,7 +86,7 @@ type breachAt struct {
 func (e *enforcement) checkBreaches(v *collector.View) {
 	for _, f := range e.breaches.fresh(v) {
 		c, b := f.c, f.b
-		ev := Event{Kind: "breach", Reason: b.Reason, Cgroup: c.CgroupPath, Namespace: c.Namespace, Pod: c.Pod,
+		ev := agentapi.Event{Kind: "breach", Reason: b.Reason, Cgroup: c.CgroupPath, Namespace: c.Namespace, Pod: c.Pod,
 			Container: c.Container, GPU: c.GPU, PIDs: pidsOf(b.Procs), Message: b.Reason + ": " + b.Evidence}
 		e.a.log.Warn("container in breach", "reason", b.Reason, "evidence", b.Evidence, "cgroup", c.CgroupPath,
 			"pod", c.Pod, "container", c.Container, "gpu", c.GPU)
@@ -108,7 +96,7 @@ func (e *enforcement) checkBreaches(v *collector.View) {
 }
 
 // act applies enforcement.onBreach to one breach.
-func (e *enforcement) act(ev Event, b collector.Breach) {
+func (e *enforcement) act(ev agentapi.Event, b agentapi.Breach) {
 	switch e.a.cfg.BreachAction() {
 	case config.BreachFreeze:
 		if err := e.freeze(ev.Cgroup, true); err != nil {
@@ -173,7 +161,7 @@ func (e *enforcement) freeze(path string, on bool) error {
 
 // kill SIGKILLs the offending processes: those named, else every process
 // of the cgroup (cgroup.kill). It returns the pids killed.
-func (e *enforcement) kill(path string, procs []collector.Process) ([]int, error) {
+func (e *enforcement) kill(path string, procs []agentapi.Process) ([]int, error) {
 	if err := e.stoppable(path); err != nil {
 		return nil, err
 	}
@@ -199,7 +187,7 @@ func (e *enforcement) kill(path string, procs []collector.Process) ([]int, error
 // killIn SIGKILLs a process if it is still the one judged (same start
 // time) and still in the cgroup. The pidfd pins the process before both
 // are read, so a pid reused meanwhile is never signalled.
-func (e *enforcement) killIn(path string, p collector.Process) error {
+func (e *enforcement) killIn(path string, p agentapi.Process) error {
 	pid := p.PID
 	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
@@ -230,7 +218,7 @@ func fieldsInts(s string) []int {
 	return out
 }
 
-func pidsOf(ps []collector.Process) []int {
+func pidsOf(ps []agentapi.Process) []int {
 	out := make([]int, len(ps))
 	for i, p := range ps {
 		out[i] = p.PID

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+
 	"github.com/gpuwarden/gpuwarden/collector"
 )
 
@@ -45,11 +47,11 @@ func TestFreshBreaches(t *testing.T) {
 	var w breachWatch
 	w.init()
 	view := func(reasons ...string) *collector.View {
-		c := collector.ContainerDevice{CgroupPath: "/a"}
+		c := agentapi.ContainerDevice{CgroupPath: "/a"}
 		for _, r := range reasons {
-			c.Breaches = append(c.Breaches, collector.Breach{Reason: r})
+			c.Breaches = append(c.Breaches, agentapi.Breach{Reason: r})
 		}
-		return &collector.View{Containers: []collector.ContainerDevice{c}}
+		return &collector.View{Containers: []agentapi.ContainerDevice{c}}
 	}
 	reasons := func(fs []breachAt) string {
 		var out []string

@@ -17,6 +17,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/enforcer/policy"
 	"github.com/gpuwarden/gpuwarden/enforcer/scheduler"
@@ -25,66 +27,17 @@ import (
 // The change API, used by `gpuwarden ctl`: taken only from loopback and
 // only with the token the agent writes at start to a root-only file.
 
-// ContainerChange is POST /api/v1/containers/{container}/settings. Absent
-// fields stay as they are. {container} is the control-block directory, the
-// cgroup path, or namespace/pod/container.
-type ContainerChange struct {
-	MemoryLimit  *string `json:"memoryLimit,omitempty"`  // GPUWARDEN_MEMORY_LIMIT's syntax: "6Gi", "3Gi,4Gi"; "0": none
-	Weight       *int    `json:"weight,omitempty"`       // 1-1000
-	ComputeLimit *int    `json:"computeLimit,omitempty"` // percent 0-100; 0: none
-	Priority     *string `json:"priority,omitempty"`     // high or normal
-}
-
-// GPUChange is POST /api/v1/gpus/{gpu}/settings; {gpu} is NVML's index or
-// the GPU's UUID.
-type GPUChange struct {
-	Policy  *string `json:"policy,omitempty"`  // 0-5 or fair-share, preemptive, weighted, fixed, soft, native
-	MaxInst *int    `json:"maxInst,omitempty"` // 1-128: the scheduler's max_inst and the device plugin's slots
-}
-
-// GPUInfo is a GPU's scheduling state: GET /api/v1/gpus (every GPU with
-// containers or settings) and /api/v1/gpus/{gpu}, and a GPU change's answer.
-type GPUInfo struct {
-	Index      int    `json:"index"` // NVML's; -1: not on the node, or NVML off
-	UUID       string `json:"uuid"`
-	Policy     string `json:"policy"` // in force
-	PolicySet  bool   `json:"policySet"`
-	MaxInst    int    `json:"maxInst"`
-	FreeWeight int    `json:"freeWeight"` // cGPU's free_weight: max_inst less its containers' weights
-	Containers int    `json:"containers"`
-}
-
-func gpuInfo(st scheduler.GPUStatus, node []string) GPUInfo {
-	return GPUInfo{Index: slices.Index(node, st.UUID), UUID: st.UUID, Policy: st.Policy.String(), PolicySet: st.PolicySet, MaxInst: st.MaxInst,
+func gpuInfo(st scheduler.GPUStatus, node []string) agentapi.GPUInfo {
+	return agentapi.GPUInfo{Index: slices.Index(node, st.UUID), UUID: st.UUID, Policy: st.Policy.String(), PolicySet: st.PolicySet, MaxInst: st.MaxInst,
 		FreeWeight: st.FreeWeight, Containers: st.Containers}
 }
 
-// ChangeResult is every change's answer. InForce lists the shares the
-// scheduler holds the containers on the GPUs concerned to once the change
-// is made: a
-// change is in force when the answer comes (grants follow on the next
-// tick, 5 ms); metrics show it within the collector's 1 s view.
-type ChangeResult struct {
-	Container string    `json:"container,omitempty"`
-	Warnings  []string  `json:"warnings,omitempty"`
-	InForce   []InForce `json:"inForce,omitempty"`
-	GPU       *GPUInfo  `json:"gpu,omitempty"` // a GPU change's GPU
-}
-
-// InForce is one container's share on one GPU.
-type InForce struct {
-	Container string  `json:"container"`
-	GPU       string  `json:"gpu"` // UUID
-	Policy    string  `json:"policy"`
-	Target    float64 `json:"target"`
-}
-
 // inForce reports the scheduler's targets for every container on the GPUs.
-func (e *enforcement) inForce(gpus ...string) []InForce {
-	var out []InForce
+func (e *enforcement) inForce(gpus ...string) []agentapi.InForce {
+	var out []agentapi.InForce
 	for _, st := range e.s.Status() {
 		if slices.Contains(gpus, st.GPU) {
-			out = append(out, InForce{Container: st.Key, GPU: st.GPU, Policy: st.Policy.String(), Target: st.Target})
+			out = append(out, agentapi.InForce{Container: st.Key, GPU: st.GPU, Policy: st.Policy.String(), Target: st.Target})
 		}
 	}
 	return out
@@ -110,7 +63,7 @@ func (e *enforcement) register(mux *http.ServeMux, token string) {
 	mux.HandleFunc("POST /api/v1/gpus/{gpu}/settings", auth(e.changeGPU))
 	mux.HandleFunc("GET /api/v1/gpus", func(w http.ResponseWriter, _ *http.Request) {
 		node, _ := e.nodeGPUs()
-		out := []GPUInfo{}
+		out := []agentapi.GPUInfo{}
 		for _, st := range e.s.GPUs() {
 			out = append(out, gpuInfo(st, node))
 		}
@@ -269,7 +222,7 @@ func (e *enforcement) changeContainer(w http.ResponseWriter, r *http.Request) {
 	}
 	switch action {
 	case "settings":
-		var ch ContainerChange
+		var ch agentapi.ContainerChange
 		if !decodeChange(w, r, &ch) {
 			return
 		}
@@ -298,8 +251,8 @@ func (e *enforcement) unfreeze(w http.ResponseWriter, path string) {
 		httpError(w, http.StatusInternalServerError, err.Error())
 		return
 	}
-	e.breaches.record(Event{Kind: "unfrozen", Cgroup: path, Message: "unfrozen by gpuwarden ctl"})
-	writeJSON(w, ChangeResult{Container: path})
+	e.breaches.record(agentapi.Event{Kind: "unfrozen", Cgroup: path, Message: "unfrozen by gpuwarden ctl"})
+	writeJSON(w, agentapi.ChangeResult{Container: path})
 }
 
 // cutLast splits "a/b/settings" into "a/b" and "settings".
@@ -313,8 +266,8 @@ func cutLast(s string) (string, string) {
 
 // apply validates a change whole, then makes it: nothing changes when any
 // part is bad.
-func (e *enforcement) apply(m *member, ch ContainerChange) (ChangeResult, error) {
-	res := ChangeResult{Container: m.dir}
+func (e *enforcement) apply(m *member, ch agentapi.ContainerChange) (agentapi.ChangeResult, error) {
+	res := agentapi.ChangeResult{Container: m.dir}
 	cur := e.current(m.dir)
 	next := cur
 	if ch.Weight != nil {
@@ -415,7 +368,7 @@ func (e *enforcement) changeGPU(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	var ch GPUChange
+	var ch agentapi.GPUChange
 	if !decodeChange(w, r, &ch) {
 		return
 	}
@@ -451,7 +404,7 @@ func (e *enforcement) changeGPU(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	info := gpuInfo(e.s.GPU(uuid), node)
-	writeJSON(w, ChangeResult{InForce: e.inForce(uuid), GPU: &info})
+	writeJSON(w, agentapi.ChangeResult{InForce: e.inForce(uuid), GPU: &info})
 }
 
 // policyNames lists the policies by name, for an error.

@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"net/http/pprof"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -35,13 +37,6 @@ func (a *Agent) mux() *http.ServeMux {
 	return mux
 }
 
-// ReadyResponse is GET /readyz: which parts are up. It answers 503 while an
-// enabled part is down.
-type ReadyResponse struct {
-	Ready bool                 `json:"ready"`
-	Parts map[string]PartState `json:"parts"`
-}
-
 func (a *Agent) readyz(w http.ResponseWriter, _ *http.Request) {
 	a.checkCgroups()
 	p, ready := a.parts.snapshot()
@@ -49,7 +44,7 @@ func (a *Agent) readyz(w http.ResponseWriter, _ *http.Request) {
 	if !ready {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}
-	_ = json.NewEncoder(w).Encode(ReadyResponse{Ready: ready, Parts: p})
+	_ = json.NewEncoder(w).Encode(agentapi.ReadyResponse{Ready: ready, Parts: p})
 }
 
 // slogAdapter lets promhttp log through the agent's logger.
