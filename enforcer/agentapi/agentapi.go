@@ -6,7 +6,11 @@
 // imports and which imports nothing of the collector.
 package agentapi
 
-import "time"
+import (
+	"strconv"
+	"strings"
+	"time"
+)
 
 // ContainersResponse is GET /api/v1/containers.
 type ContainersResponse struct {
@@ -178,4 +182,14 @@ type PartState struct {
 	Enabled bool   `json:"enabled"`
 	Up      bool   `json:"up"`
 	Error   string `json:"error,omitempty"`
+}
+
+// Quote quotes a name taken from a request for an answer, cut to 64 bytes,
+// so an answer never repeats much of what a client sent.
+func Quote(s string) string {
+	const most = 64
+	if len(s) <= most {
+		return strconv.Quote(s)
+	}
+	return strconv.Quote(strings.ToValidUTF8(s[:most], "")) + "..."
 }

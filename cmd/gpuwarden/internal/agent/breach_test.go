@@ -25,8 +25,8 @@ func TestStoppableRefusesTheAgentsOwnCgroups(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(self, "cgroup"), []byte(hybrid), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	e := &enforcement{a: &Agent{nsRoot: "/"}}
-	e.a.cfg.Paths.Proc = proc
+	r := &breaches{a: &Agent{nsRoot: "/"}}
+	r.a.cfg.Paths.Proc = proc
 	for path, refused := range map[string]bool{
 		"/":                                 true,
 		"":                                  true,
@@ -36,7 +36,7 @@ func TestStoppableRefusesTheAgentsOwnCgroups(t *testing.T) {
 		"/system.slice/gpuwarden.servicex":  false,
 		"/kubepods/besteffort/pod1/ctr":     false,
 	} {
-		if err := e.stoppable(path); (err != nil) != refused {
+		if err := r.stoppable(path); (err != nil) != refused {
 			t.Errorf("stoppable(%q) = %v, want refused %v", path, err, refused)
 		}
 	}

@@ -8,8 +8,11 @@ import (
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
 
 	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/gpuwarden/gpuwarden/enforcer/control"
 )
 
 func (a *Agent) mux() *http.ServeMux {
@@ -27,11 +30,8 @@ func (a *Agent) mux() *http.ServeMux {
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	a.coll.RegisterAPI(mux)
 	if e := a.enf.Load(); e != nil {
-		tok, err := makeToken(a.cfg.Enforcement.APITokenFile)
-		if err != nil {
+		if err := control.Register(mux, a.cfg.Enforcement.APITokenFile, e, a.breaches); err != nil {
 			a.log.Error("the change API is off: no token", "err", err)
-		} else {
-			e.register(mux, tok)
 		}
 	}
 	return mux

@@ -1,4 +1,4 @@
-package agent
+package settings
 
 import (
 	"os"
@@ -20,18 +20,18 @@ func TestSavedGPUsByUUID(t *testing.T) {
 	if err := os.WriteFile(path, []byte(old), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	s, err := loadSettings(path)
+	s, err := Load(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, unknown := s.gpus([]string{"GPU-a", "GPU-b"})
+	got, unknown := s.GPUSettings([]string{"GPU-a", "GPU-b"})
 	want := map[string]scheduler.GPUSettings{
 		"GPU-b": {Policy: policy.Policy(1), PolicySet: true}, // saved by UUID since: it wins over index 1
 	}
 	if !reflect.DeepEqual(got, want) || !reflect.DeepEqual(unknown, []string{"7"}) {
 		t.Errorf("gpus = %v, unknown %v; want %v, [7]", got, unknown, want)
 	}
-	got, _ = s.gpus([]string{"GPU-a", "GPU-c"})
+	got, _ = s.GPUSettings([]string{"GPU-a", "GPU-c"})
 	if g := got["GPU-c"]; g.MaxInst != 6 || g.Policy != policy.Policy(2) {
 		t.Errorf("index 1 on a node whose GPU 1 is GPU-c: %v, want its saved settings", got)
 	}

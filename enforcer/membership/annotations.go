@@ -1,0 +1,51 @@
+package membership
+
+import (
+	"github.com/gpuwarden/gpuwarden/deploy/allocation"
+	"github.com/gpuwarden/gpuwarden/enforcer/scheduler"
+)
+
+// Annotate holds a container of a pod (namespace/name) to its pod's
+// gpuwarden.io annotations, unless `gpuwarden ctl` set its settings. A
+// malformed annotation is logged and changes nothing (never "no limit").
+func (e *Enforcement) Annotate(cgroup uint64, pod, container string, annotations map[string]string) {
+	m := e.memberOf(cgroup)
+	if m == nil || e.cfg.Settings.HasCompute(m.dir) {
+		return
+	}
+	claims, err := allocation.ParseAnnotations(annotations, container)
+	if err != nil {
+		e.cfg.Log.Warn("ignoring the pod's gpuwarden annotations", "pod", pod, "err", err)
+		return
+	}
+	st := scheduler.Settings{FromClaims: true}
+	if claims != (allocation.Claims{}) {
+		st = scheduler.Settings{Weight: int(claims.Weight), CapPercent: int(claims.ComputeLimit), High: claims.Priority == "high"}
+		if st.Weight == 0 {
+			st.Weight = 1
+		}
+	}
+	e.mu.Lock()
+	changed := m.annotated != st
+	m.annotated = st
+	e.mu.Unlock()
+	if changed {
+		if err := e.s.SetContainer(m.dir, st); err != nil {
+			e.cfg.Log.Warn("pod annotations refused", "pod", pod, "err", err)
+		} else {
+			e.cfg.Log.Info("pod annotations applied", "pod", pod, "container", container,
+				"weight", st.Weight, "computeLimit", st.CapPercent, "high", st.High)
+		}
+	}
+}
+
+func (e *Enforcement) memberOf(cgroup uint64) *member {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, m := range e.members {
+		if m.cgroup == cgroup {
+			return m
+		}
+	}
+	return nil
+}
