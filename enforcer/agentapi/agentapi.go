@@ -112,7 +112,7 @@ type Process struct {
 // cgroup path, or namespace/pod/container.
 type ContainerChange struct {
 	MemoryLimit  *string `json:"memoryLimit,omitempty"`  // GPUWARDEN_MEMORY_LIMIT's syntax: "6Gi", "3Gi,4Gi"; "0": none
-	Weight       *int    `json:"weight,omitempty"`       // 1-1000
+	Weight       *int    `json:"weight,omitempty"`       // 1-policy.MaxWeight
 	ComputeLimit *int    `json:"computeLimit,omitempty"` // percent 0-100; 0: none
 	Priority     *string `json:"priority,omitempty"`     // high or normal
 }

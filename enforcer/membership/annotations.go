@@ -21,9 +21,6 @@ func (e *Enforcement) Annotate(cgroup uint64, pod, container string, annotations
 	st := scheduler.Settings{FromClaims: true}
 	if claims != (allocation.Claims{}) {
 		st = scheduler.Settings{Weight: int(claims.Weight), CapPercent: int(claims.ComputeLimit), High: claims.Priority == "high"}
-		if st.Weight == 0 {
-			st.Weight = 1
-		}
 	}
 	e.mu.Lock()
 	changed := m.annotated != st

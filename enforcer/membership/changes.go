@@ -111,8 +111,8 @@ func (e *Enforcement) ChangeContainer(name string, ch agentapi.ContainerChange) 
 	cur := e.current(m.dir)
 	next := cur
 	if ch.Weight != nil {
-		if *ch.Weight < 1 {
-			return res, fmt.Errorf("weight %d: want 1-1000", *ch.Weight)
+		if err := policy.CheckWeight(*ch.Weight); err != nil {
+			return res, err
 		}
 		next.Weight = *ch.Weight
 	}
@@ -178,7 +178,7 @@ func (e *Enforcement) current(dir string) scheduler.Settings {
 			return scheduler.Settings{Weight: st.Weight, CapPercent: st.CapPercent, High: st.High}
 		}
 	}
-	return scheduler.Settings{Weight: 1}
+	return scheduler.Settings{}
 }
 
 // ResolveGPU reads a GPU's name, NVML's index or a UUID, as the GPU's UUID;
