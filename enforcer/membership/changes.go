@@ -149,6 +149,9 @@ func (e *Enforcement) ChangeContainer(name string, ch agentapi.ContainerChange) 
 		if err := e.s.SetContainer(m.dir, next); err != nil {
 			return res, err
 		}
+		e.mu.Lock()
+		m.applied = next
+		e.mu.Unlock()
 	}
 	if ch.MemoryLimit != nil {
 		m.limits.Update(func(c *controlblock.LimitsConfig) { c.MemLimit = mem })

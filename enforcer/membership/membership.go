@@ -68,8 +68,10 @@ type member struct {
 	usage   *controlblock.UsageFile
 	used    []int // ordinals it holds memory on
 	devices []scheduler.Device
-	// annotated is what the pod's annotations last set (zero: none yet).
-	annotated scheduler.Settings
+	// applied is the compute settings last given to the scheduler.
+	applied scheduler.Settings
+	// badAnnotations is the fault last logged in its pod's annotations.
+	badAnnotations string
 }
 
 // Start starts the scheduler with the saved GPU settings and takes in
@@ -231,7 +233,8 @@ func (e *Enforcement) track(dir string, nodeGPUs func() ([]string, error)) error
 		return err
 	}
 	m.cgroup, m.path, m.used, m.devices = u.CgroupID, path, used, devices
-	if err := e.s.AddContainer(dir, m.limits, m.usage, devices, e.cfg.Settings.ContainerSettings(dir)); err != nil {
+	m.applied = settings.Resolve(e.cfg.Settings.Compute(dir), nil) // its pod's annotations come with the next view
+	if err := e.s.AddContainer(dir, m.limits, m.usage, devices, m.applied); err != nil {
 		m.close()
 		return err
 	}

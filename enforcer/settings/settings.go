@@ -59,22 +59,28 @@ func Load(path string) (*Store, error) {
 	return s, nil
 }
 
-// ContainerSettings returns a container's compute settings: those ctl set, else
-// what its environment claims.
-func (s *Store) ContainerSettings(dir string) scheduler.Settings {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if c := s.Containers[dir].Compute; c != nil {
-		return *c
+// Resolve is the compute settings a container is held to: what ctl set,
+// else what its pod's annotations set, else what its environment claims
+// (nil: not set there).
+func Resolve(ctl, annotations *scheduler.Settings) scheduler.Settings {
+	switch {
+	case ctl != nil:
+		return *ctl
+	case annotations != nil:
+		return *annotations
 	}
 	return scheduler.Settings{FromClaims: true}
 }
 
-// HasCompute says whether ctl set the container's compute settings.
-func (s *Store) HasCompute(dir string) bool {
+// Compute returns the compute settings ctl set for a container; nil: none.
+func (s *Store) Compute(dir string) *scheduler.Settings {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.Containers[dir].Compute != nil
+	if c := s.Containers[dir].Compute; c != nil {
+		st := *c
+		return &st
+	}
+	return nil
 }
 
 // Memory returns the memory limits ctl set for the container, if it did.

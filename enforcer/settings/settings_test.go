@@ -36,3 +36,49 @@ func TestSavedGPUsByUUID(t *testing.T) {
 		t.Errorf("index 1 on a node whose GPU 1 is GPU-c: %v, want its saved settings", got)
 	}
 }
+
+// What ctl set wins over a pod's annotations, which win over the
+// container's environment.
+func TestResolvePrecedence(t *testing.T) {
+	ctl := &scheduler.Settings{Weight: 5}
+	ann := &scheduler.Settings{Weight: 2, CapPercent: 30}
+	env := scheduler.Settings{FromClaims: true}
+	for _, tt := range []struct {
+		name     string
+		ctl, ann *scheduler.Settings
+		want     scheduler.Settings
+	}{
+		{"ctl over annotations", ctl, ann, *ctl},
+		{"ctl alone", ctl, nil, *ctl},
+		{"annotations over the environment", nil, ann, *ann},
+		{"the environment", nil, nil, env},
+	} {
+		if got := Resolve(tt.ctl, tt.ann); got != tt.want {
+			t.Errorf("%s: Resolve = %+v, want %+v", tt.name, got, tt.want)
+		}
+	}
+}
+
+// What ctl set is kept in the file and read back; a container ctl did
+// not touch has none.
+func TestComputeSaved(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "settings.json")
+	s, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	set := scheduler.Settings{Weight: 3, High: true}
+	if err := s.Update(func(s *Store) { s.Containers["a"] = Container{Compute: &set} }); err != nil {
+		t.Fatal(err)
+	}
+	again, err := Load(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := again.Compute("a"); got == nil || *got != set {
+		t.Errorf("Compute(a) after a reload = %v, want %+v", got, set)
+	}
+	if got := again.Compute("b"); got != nil {
+		t.Errorf("Compute(b) = %+v, want none", *got)
+	}
+}
