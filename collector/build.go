@@ -367,10 +367,8 @@ func (j *joiner) addLedger(cg uint64, l *ledger) {
 		e.Enforced, e.Unenforced = true, false
 		e.HighPriority = u.ClaimPriority == controlblock.PriorityHigh
 		if k.GPU != NoGPU { // a quota is per device; summed ones mean nothing
-			if l.limits != nil {
-				e.MemoryLimitBytes = l.limits.MemLimit[d]
-			} else if u.ClaimMemorySet {
-				e.MemoryLimitBytes = u.ClaimMemLimit[d]
+			if quota, ok := controlblock.MemoryLimits(l.limits, u); ok {
+				e.MemoryLimitBytes = quota[d]
 			}
 		}
 		e.LedgerBytes += u.ReservedBytes[d]

@@ -267,13 +267,11 @@ func (e *Enforcement) unchanged(dir string) bool {
 }
 
 // open adopts a container's directory and maps its files, making `limits`
-// from the quota its environment claims when the agent has not made one.
+// from the quota its environment claims when there is none yet.
 func (e *Enforcement) open(dir string, u *controlblock.UsageSnapshot) (*member, error) {
 	cd := e.cfg.ControlDir
 	cfg := controlblock.LimitsConfig{NDev: uint32(u.NDev)}
-	if u.ClaimMemorySet {
-		cfg.MemLimit = u.ClaimMemLimit
-	}
+	cfg.MemLimit, _ = controlblock.MemoryLimits(nil, u)
 	lf, err := controlblock.AdoptLimits(controlblock.LimitsPath(cd, dir), cfg)
 	if err != nil {
 		return nil, err
