@@ -77,27 +77,35 @@ func (e *Enforcement) Find(name string) (string, error) {
 }
 
 func (e *Enforcement) find(name string) (*member, error) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if m := e.members[name]; m != nil {
+	if m := e.byName(name); m != nil {
 		return m, nil
 	}
-	for _, m := range e.members {
-		if m.path == name || controlblock.ContainerKey(name) == m.dir {
-			return m, nil
-		}
-	}
+	// Asked without e.mu: the collector's view asks membership for its
+	// targets.
 	if strings.Count(name, "/") == 2 && !strings.HasPrefix(name, "/") && e.cfg.PodContainer != nil {
 		if cg, ok := e.cfg.PodContainer(name); ok {
-			for _, m := range e.members {
-				if m.cgroup == cg {
-					return m, nil
-				}
+			if m := e.memberOf(cg); m != nil {
+				return m, nil
 			}
 		}
 	}
 	return nil, kindError{ErrNoContainer, fmt.Errorf("no container %s runs under the enforcer (name it by control-block directory, cgroup path or namespace/pod/container)",
 		agentapi.Quote(name))}
+}
+
+// byName finds a member by its directory or cgroup path.
+func (e *Enforcement) byName(name string) *member {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if m := e.members[name]; m != nil {
+		return m
+	}
+	for _, m := range e.members {
+		if m.path == name || controlblock.ContainerKey(name) == m.dir {
+			return m
+		}
+	}
+	return nil
 }
 
 // ChangeContainer validates a change whole, then makes it: nothing changes

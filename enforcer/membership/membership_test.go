@@ -47,15 +47,21 @@ func writeLedger(t *testing.T, controlDir, dir string, cgroup uint64, weight uin
 // cgroup claim as true.
 func start(t *testing.T, controlDir string) *Enforcement {
 	t.Helper()
+	var e *Enforcement
 	store, err := settings.Load(filepath.Join(t.TempDir(), "settings.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	e := Start(Config{ControlDir: controlDir, GracePeriod: time.Minute, MaxInst: 4, Settings: store,
+	e = Start(Config{ControlDir: controlDir, GracePeriod: time.Minute, MaxInst: 4, Settings: store,
 		Verify: func(dir string, u *controlblock.UsageSnapshot) (string, error) { return u.CgroupPath, nil },
 		Alive:  func(uint64) bool { return true },
 		CgroupOf: func(int) (string, error) {
 			return "", errors.New("no processes in this test")
+		},
+		// As the collector's view does, it asks membership for its targets.
+		PodContainer: func(name string) (uint64, bool) {
+			e.Targets()
+			return 41, name == "ns/pod/ctr"
 		},
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	t.Cleanup(func() { _ = e.Close() })
@@ -86,8 +92,10 @@ func TestSettingsPrecedence(t *testing.T) {
 	if got := freeWeight(t, e, 1); got != 3 {
 		t.Errorf("environment's weight 1: free_weight %d, want 3", got)
 	}
-	if dir, err := e.Find("/test/c1"); err != nil || dir != "c1" {
-		t.Fatalf("Find(cgroup path) = %q, %v", dir, err)
+	for _, name := range []string{"c1", "/test/c1", "ns/pod/ctr"} {
+		if dir, err := e.Find(name); err != nil || dir != "c1" {
+			t.Fatalf("Find(%s) = %q, %v", name, dir, err)
+		}
 	}
 	e.Annotate(41, "ns/pod", "ctr", map[string]string{"gpuwarden.io/weight": "2"})
 	if got := e.GPU(controlblock.UUIDString(gpu0)).FreeWeight; got != 2 {
