@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+
 	"github.com/gpuwarden/gpuwarden/collector/claims"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 )
@@ -36,22 +38,6 @@ const (
 var BreachReasons = []string{BreachBypass, BreachOverLimit, BreachOverLedger, BreachUnledgered, BreachBadLedger, BreachFalseClaim,
 	BreachOverShare}
 
-// Breach is one reason a container is in breach, with what shows it.
-type Breach struct {
-	Reason   string `json:"reason"`
-	Evidence string `json:"evidence"`
-	// Procs are the offending processes when the breach names them;
-	// empty: the whole cgroup.
-	Procs []Process `json:"processes,omitempty"`
-}
-
-// Process is a host process, told from a later one with its pid by its
-// start time (clock ticks since boot).
-type Process struct {
-	PID       int    `json:"pid"`
-	StartTime uint64 `json:"startTime"`
-}
-
 const (
 	// memoryTolerance is what the node may see above a ledger or a quota
 	// without a breach: a context's own memory, and the moment between a
@@ -72,8 +58,8 @@ const (
 
 // judge keeps what breach detection needs between views.
 type judge struct {
-	since    map[Key]map[string]time.Time // a failing comparison's first sight
-	instant  map[Key]map[string]Breach    // instant breaches and when they end
+	since    map[Key]map[string]time.Time       // a failing comparison's first sight
+	instant  map[Key]map[string]agentapi.Breach // instant breaches and when they end
 	until    map[Key]map[string]time.Time
 	launches map[string]ledgerMarks // by ledger directory
 	rewinds  map[Key]uint64         // the enforcer's count, as last seen
@@ -86,7 +72,7 @@ type ledgerMarks struct {
 }
 
 func newJudge() judge {
-	return judge{since: map[Key]map[string]time.Time{}, instant: map[Key]map[string]Breach{},
+	return judge{since: map[Key]map[string]time.Time{}, instant: map[Key]map[string]agentapi.Breach{},
 		until: map[Key]map[string]time.Time{}, launches: map[string]ledgerMarks{}, rewinds: map[Key]uint64{}}
 }
 
@@ -103,11 +89,11 @@ func (j *joiner) judgeAll(ledgers map[uint64]*ledger, rejected []*ledger, now ti
 	seen := map[Key]bool{}
 	for k, e := range j.entries {
 		seen[k] = true
-		var fails []Breach
+		var fails []agentapi.Breach
 		if l := ledgers[k.Cgroup]; l != nil {
 			fails = j.compare(k, e, l)
 		} else if e.Unenforced {
-			fails = append(fails, Breach{Reason: BreachBypass, Evidence: "GPU activity without the interposer"})
+			fails = append(fails, agentapi.Breach{Reason: BreachBypass, Evidence: "GPU activity without the interposer"})
 		}
 		fails = append(fails, j.falseClaims(k, rejected)...)
 		e.Breaches = jd.hold(k, fails, now)
@@ -117,8 +103,8 @@ func (j *joiner) judgeAll(ledgers map[uint64]*ledger, rejected []*ledger, now ti
 }
 
 // compare judges a container's ledger against what the node saw.
-func (j *joiner) compare(k Key, e *ContainerDevice, l *ledger) []Breach {
-	var out []Breach
+func (j *joiner) compare(k Key, e *agentapi.ContainerDevice, l *ledger) []agentapi.Breach {
+	var out []agentapi.Breach
 	d := k.GPU
 	seen := e.MemoryUsedBytes
 	tol := uint64(memoryTolerance)
@@ -129,11 +115,11 @@ func (j *joiner) compare(k Key, e *ContainerDevice, l *ledger) []Breach {
 	// Held above the quota but within the ledger is a limit lowered below
 	// what the container holds (it keeps it): no breach.
 	if unaccounted && e.MemoryLimitBytes > 0 && seen > e.MemoryLimitBytes+tol {
-		out = append(out, Breach{Reason: BreachOverLimit, Evidence: fmt.Sprintf(
+		out = append(out, agentapi.Breach{Reason: BreachOverLimit, Evidence: fmt.Sprintf(
 			"%s sees %d bytes held on GPU %d, quota %d", e.MemorySource, seen, d, e.MemoryLimitBytes)})
 	}
 	if unaccounted {
-		out = append(out, Breach{Reason: BreachOverLedger, Evidence: fmt.Sprintf(
+		out = append(out, agentapi.Breach{Reason: BreachOverLedger, Evidence: fmt.Sprintf(
 			"%s sees %d bytes held on GPU %d, the ledger reserves %d", e.MemorySource, seen, d, e.LedgerBytes)})
 	}
 	if b, ok := j.unledgered(k, l); ok {
@@ -147,7 +133,7 @@ func (j *joiner) compare(k Key, e *ContainerDevice, l *ledger) []Breach {
 		out = append(out, b)
 	}
 	if held, ok := j.held[k]; ok && e.ComputeShare > held+shareTolerance {
-		out = append(out, Breach{Reason: BreachOverShare, Evidence: fmt.Sprintf(
+		out = append(out, agentapi.Breach{Reason: BreachOverShare, Evidence: fmt.Sprintf(
 			"NVML measures %.0f%% of GPU %d's time, the scheduler holds it to %.0f%%", e.ComputeShare*100, d, held*100)})
 	}
 	return out
@@ -155,39 +141,39 @@ func (j *joiner) compare(k Key, e *ContainerDevice, l *ledger) []Breach {
 
 // unledgered finds processes of the cgroup that NVML lists on the device
 // but no live slot of the ledger names.
-func (j *joiner) unledgered(k Key, l *ledger) (Breach, bool) {
-	var ps []Process
+func (j *joiner) unledgered(k Key, l *ledger) (agentapi.Breach, bool) {
+	var ps []agentapi.Process
 	for _, p := range j.procs[k] {
 		if p.ok && !claims.InSlots(p.id, l.usage.Procs) {
-			ps = append(ps, Process{p.hostPID, p.id.StartTime})
+			ps = append(ps, agentapi.Process{PID: p.hostPID, StartTime: p.id.StartTime})
 		}
 	}
 	if len(ps) == 0 {
-		return Breach{}, false
+		return agentapi.Breach{}, false
 	}
-	return Breach{Reason: BreachUnledgered, Procs: ps, Evidence: fmt.Sprintf(
+	return agentapi.Breach{Reason: BreachUnledgered, Procs: ps, Evidence: fmt.Sprintf(
 		"processes %v use GPU %d from no slot of ledger %s", pidsOf(ps), k.GPU, l.dir)}, true
 }
 
 // impossible says whether a ledger contradicts itself: its slots hold more
 // than the container reserves on ordinal d (the interposer reserves first,
 // and releases last; -1: none), or the validation dropped fields.
-func impossible(d int, u *controlblock.UsageSnapshot) (Breach, bool) {
+func impossible(d int, u *controlblock.UsageSnapshot) (agentapi.Breach, bool) {
 	if len(u.Problems) > 0 {
-		return Breach{Reason: BreachBadLedger, Evidence: fmt.Sprintf("ledger fails validation: %v", u.Problems)}, true
+		return agentapi.Breach{Reason: BreachBadLedger, Evidence: fmt.Sprintf("ledger fails validation: %v", u.Problems)}, true
 	}
 	if d < 0 {
-		return Breach{}, false
+		return agentapi.Breach{}, false
 	}
 	var slots uint64
 	for _, p := range u.Procs {
 		slots += p.Bytes[d]
 	}
 	if slots > u.ReservedBytes[d] {
-		return Breach{Reason: BreachBadLedger, Evidence: fmt.Sprintf(
+		return agentapi.Breach{Reason: BreachBadLedger, Evidence: fmt.Sprintf(
 			"ledger's processes hold %d bytes on GPU %d, it reserves %d", slots, d, u.ReservedBytes[d])}, true
 	}
-	return Breach{}, false
+	return agentapi.Breach{}, false
 }
 
 // rewound reports a ledger whose launch tickets went back: a reset lifts
@@ -201,7 +187,7 @@ func (jd *judge) rewound(l *ledger, now time.Time) {
 	}
 	for d := 0; d < controlblock.MaxDevices; d++ {
 		if u.LaunchesIssued[d] < prev.launches[d] {
-			jd.remember(Key{cg, l.gpus[d]}, Breach{Reason: BreachBadLedger, Evidence: fmt.Sprintf(
+			jd.remember(Key{cg, l.gpus[d]}, agentapi.Breach{Reason: BreachBadLedger, Evidence: fmt.Sprintf(
 				"ledger %s: launches issued on its CUDA device %d went back from %d to %d", dir, d, prev.launches[d], u.LaunchesIssued[d])}, now)
 		}
 	}
@@ -213,7 +199,7 @@ func (jd *judge) rewound(l *ledger, now time.Time) {
 func (jd *judge) enforcerRewinds(counts map[Key]uint64, now time.Time) {
 	for k, n := range counts {
 		if n > jd.rewinds[k] { // counted since the scheduler took the container on
-			jd.remember(k, Breach{Reason: BreachBadLedger, Evidence: fmt.Sprintf(
+			jd.remember(k, agentapi.Breach{Reason: BreachBadLedger, Evidence: fmt.Sprintf(
 				"the enforcer saw the ledger's launch tickets on GPU %d go back (%d times)", k.GPU, n)}, now)
 		}
 	}
@@ -231,17 +217,17 @@ func (jd *judge) keepLedgers(seen map[string]bool) {
 
 // falseClaims finds processes of the cgroup whose ledger was refused: it
 // named a cgroup that is not theirs.
-func (j *joiner) falseClaims(k Key, rejected []*ledger) []Breach {
-	var out []Breach
+func (j *joiner) falseClaims(k Key, rejected []*ledger) []agentapi.Breach {
+	var out []agentapi.Breach
 	for _, l := range rejected {
-		var ps []Process
+		var ps []agentapi.Process
 		for _, p := range j.procs[k] {
 			if p.ok && claims.InSlots(p.id, l.usage.Procs) {
-				ps = append(ps, Process{p.hostPID, p.id.StartTime})
+				ps = append(ps, agentapi.Process{PID: p.hostPID, StartTime: p.id.StartTime})
 			}
 		}
 		if len(ps) > 0 {
-			out = append(out, Breach{Reason: BreachFalseClaim, Procs: ps, Evidence: fmt.Sprintf(
+			out = append(out, agentapi.Breach{Reason: BreachFalseClaim, Procs: ps, Evidence: fmt.Sprintf(
 				"processes %v keep ledger %s, which names cgroup %d: %v", pidsOf(ps), l.dir, l.usage.CgroupID, l.refused)})
 		}
 	}
@@ -251,13 +237,13 @@ func (j *joiner) falseClaims(k Key, rejected []*ledger) []Breach {
 // hold turns this view's failing comparisons into breaches: a sustained
 // one after it held for `sustain`, bypasses and false claims at once, a
 // rewound ledger for `remember` after it was seen.
-func (jd *judge) hold(k Key, fails []Breach, now time.Time) []Breach {
+func (jd *judge) hold(k Key, fails []agentapi.Breach, now time.Time) []agentapi.Breach {
 	since := jd.since[k]
 	if since == nil {
 		since = map[string]time.Time{}
 		jd.since[k] = since
 	}
-	var out []Breach
+	var out []agentapi.Breach
 	failing := map[string]bool{}
 	for _, b := range fails {
 		if failing[b.Reason] {
@@ -301,9 +287,9 @@ func sustainOf(reason string) time.Duration {
 }
 
 // remember keeps an instant breach reported for `remember`.
-func (jd *judge) remember(k Key, b Breach, now time.Time) {
+func (jd *judge) remember(k Key, b agentapi.Breach, now time.Time) {
 	if jd.instant[k] == nil {
-		jd.instant[k], jd.until[k] = map[string]Breach{}, map[string]time.Time{}
+		jd.instant[k], jd.until[k] = map[string]agentapi.Breach{}, map[string]time.Time{}
 	}
 	jd.instant[k][b.Reason], jd.until[k][b.Reason] = b, now.Add(remember)
 }
@@ -319,7 +305,7 @@ func (jd *judge) forget(seen map[Key]bool) {
 	}
 }
 
-func pidsOf(ps []Process) []int {
+func pidsOf(ps []agentapi.Process) []int {
 	out := make([]int, len(ps))
 	for i, p := range ps {
 		out[i] = p.PID

@@ -4,11 +4,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+
 	"github.com/gpuwarden/gpuwarden/collector/claims"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 )
 
-func reasonsOf(bs []Breach) map[string]bool {
+func reasonsOf(bs []agentapi.Breach) map[string]bool {
 	out := map[string]bool{}
 	for _, b := range bs {
 		out[b.Reason] = true
@@ -22,7 +24,7 @@ func TestJudgeHold(t *testing.T) {
 	jd := newJudge()
 	k := Key{Cgroup: 7, GPU: 0}
 	t0 := time.Unix(1000, 0)
-	over := []Breach{{Reason: BreachOverLimit}, {Reason: BreachOverLimit}} // one series per reason
+	over := []agentapi.Breach{{Reason: BreachOverLimit}, {Reason: BreachOverLimit}} // one series per reason
 	if got := jd.hold(k, over, t0); len(got) != 0 {
 		t.Errorf("a comparison failing once is a breach: %v", got)
 	}
@@ -35,7 +37,7 @@ func TestJudgeHold(t *testing.T) {
 	if got := jd.hold(k, over, t0.Add(sustain+2*time.Second)); len(got) != 0 {
 		t.Errorf("failing again starts the wait again: %v", got)
 	}
-	if got := jd.hold(k, []Breach{{Reason: BreachBypass}}, t0); !reasonsOf(got)[BreachBypass] {
+	if got := jd.hold(k, []agentapi.Breach{{Reason: BreachBypass}}, t0); !reasonsOf(got)[BreachBypass] {
 		t.Errorf("a bypass is not a breach at once: %v", got)
 	}
 
@@ -72,21 +74,21 @@ func TestCompare(t *testing.T) {
 	k := Key{Cgroup: 7, GPU: 0}
 	for _, tt := range []struct {
 		name  string
-		e     ContainerDevice
+		e     agentapi.ContainerDevice
 		l     *ledger
 		procs []gpuProc
 		want  []string
 	}{
-		{"within quota and ledger", ContainerDevice{MemoryUsedBytes: gib, MemorySource: "ebpf", MemoryLimitBytes: 2 * gib, LedgerBytes: gib + 64<<20},
+		{"within quota and ledger", agentapi.ContainerDevice{MemoryUsedBytes: gib, MemorySource: "ebpf", MemoryLimitBytes: 2 * gib, LedgerBytes: gib + 64<<20},
 			ledgerWith(gib+64<<20, gib, 5), []gpuProc{{10, claims.Proc{NSPid: 5, StartTime: 42}, true}}, nil},
-		{"forged reserve", ContainerDevice{MemoryUsedBytes: 3 * gib, MemorySource: "ebpf", MemoryLimitBytes: 2 * gib},
+		{"forged reserve", agentapi.ContainerDevice{MemoryUsedBytes: 3 * gib, MemorySource: "ebpf", MemoryLimitBytes: 2 * gib},
 			ledgerWith(0, gib, 5), nil, []string{BreachOverLimit, BreachOverLedger, BreachBadLedger}},
-		{"a process in no slot", ContainerDevice{MemoryUsedBytes: gib, MemorySource: "nvml", MemoryLimitBytes: 2 * gib, LedgerBytes: gib, PIDs: []int{10, 11}},
+		{"a process in no slot", agentapi.ContainerDevice{MemoryUsedBytes: gib, MemorySource: "nvml", MemoryLimitBytes: 2 * gib, LedgerBytes: gib, PIDs: []int{10, 11}},
 			ledgerWith(gib, gib, 5), []gpuProc{{10, claims.Proc{NSPid: 5, StartTime: 42}, true}, {11, claims.Proc{NSPid: 6, StartTime: 43}, true}},
 			[]string{BreachUnledgered}},
-		{"a limit lowered below what it holds", ContainerDevice{MemoryUsedBytes: gib, MemorySource: "ebpf", MemoryLimitBytes: 512 << 20, LedgerBytes: gib + 64<<20},
+		{"a limit lowered below what it holds", agentapi.ContainerDevice{MemoryUsedBytes: gib, MemorySource: "ebpf", MemoryLimitBytes: 512 << 20, LedgerBytes: gib + 64<<20},
 			ledgerWith(gib+64<<20, gib, 5), nil, nil},
-		{"the ledger's own figure is no evidence", ContainerDevice{MemoryUsedBytes: 3 * gib, MemorySource: "ledger", MemoryLimitBytes: 2 * gib, LedgerBytes: 3 * gib},
+		{"the ledger's own figure is no evidence", agentapi.ContainerDevice{MemoryUsedBytes: 3 * gib, MemorySource: "ledger", MemoryLimitBytes: 2 * gib, LedgerBytes: 3 * gib},
 			ledgerWith(3*gib, 3*gib, 5), nil, nil},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -121,13 +123,13 @@ func TestOverShare(t *testing.T) {
 		{"not held", nil, 0.9, false},
 	} {
 		j := &joiner{held: tt.held}
-		e := ContainerDevice{ComputeShare: tt.share, MemorySource: "ledger"}
+		e := agentapi.ContainerDevice{ComputeShare: tt.share, MemorySource: "ledger"}
 		if got := reasonsOf(j.compare(k, &e, l))[BreachOverShare]; got != tt.want {
 			t.Errorf("%s: over_share %v, want %v", tt.name, got, tt.want)
 		}
 	}
 	jd := newJudge()
-	over := []Breach{{Reason: BreachOverShare}}
+	over := []agentapi.Breach{{Reason: BreachOverShare}}
 	t0 := time.Unix(1000, 0)
 	if got := jd.hold(k, over, t0); len(got) != 0 {
 		t.Errorf("an excess of one view is a breach: %v", got)

@@ -6,11 +6,13 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+
 	"github.com/gpuwarden/gpuwarden/bpf/observe"
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
 	"github.com/gpuwarden/gpuwarden/collector/claims"
-	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
 )
 
 // joiner accumulates one view's per-container entries.
@@ -18,7 +20,7 @@ type joiner struct {
 	c        *Collector
 	live     map[uint64]bool // cgroups whose ledgers were read this time
 	v        *View
-	entries  map[Key]*ContainerDevice
+	entries  map[Key]*agentapi.ContainerDevice
 	uuids    map[int]string // by NVML index
 	index    map[string]int // NVML index by UUID
 	node     []string       // the node's GPUs by index; nil: NVML not read
@@ -30,18 +32,18 @@ type joiner struct {
 	seenPIDs map[int]gpuProc         // identified this time, kept for the next view
 }
 
-func (j *joiner) entry(cg uint64, gpu int) *ContainerDevice {
+func (j *joiner) entry(cg uint64, gpu int) *agentapi.ContainerDevice {
 	k := Key{cg, gpu}
 	if e, ok := j.entries[k]; ok {
 		return e
 	}
-	e := &ContainerDevice{Node: j.c.node, GPU: gpu, UUID: j.uuids[gpu], CgroupID: cg}
+	e := &agentapi.ContainerDevice{Node: j.c.node, GPU: gpu, UUID: j.uuids[gpu], CgroupID: cg}
 	j.entries[k] = e
 	return e
 }
 
 func (j *joiner) source(name string, err error) bool {
-	s := SourceState{Name: name, OK: err == nil}
+	s := agentapi.SourceState{Name: name, OK: err == nil}
 	if err != nil {
 		s.Error = err.Error()
 		j.c.log.Warn("source failed", "source", name, "err", err)
@@ -51,7 +53,7 @@ func (j *joiner) source(name string, err error) bool {
 }
 
 func (c *Collector) build(ctx context.Context) *View {
-	j := &joiner{c: c, v: &View{Node: c.node, Time: time.Now()}, entries: map[Key]*ContainerDevice{},
+	j := &joiner{c: c, v: &View{Node: c.node, Time: time.Now()}, entries: map[Key]*agentapi.ContainerDevice{},
 		uuids: map[int]string{}, index: map[string]int{}, live: map[uint64]bool{}, procs: map[Key][]gpuProc{}, ordinals: map[Key]int{}, nvmlGPUs: map[uint64]map[int]bool{}, seenPIDs: map[int]gpuProc{}}
 	var devs []nvmldev.Device
 	if c.src.NVML != nil {
@@ -61,7 +63,7 @@ func (c *Collector) build(ctx context.Context) *View {
 			for _, d := range devs {
 				j.uuids[d.Index], j.index[d.UUID] = d.UUID, d.Index
 				j.node = append(j.node, d.UUID)
-				j.v.Devices = append(j.v.Devices, Device{Node: c.node, Index: d.Index, UUID: d.UUID, Name: d.Name,
+				j.v.Devices = append(j.v.Devices, agentapi.Device{Node: c.node, Index: d.Index, UUID: d.UUID, Name: d.Name,
 					MemoryTotalBytes: d.MemoryTotalBytes, MemoryUsedBytes: d.MemoryUsedBytes, Utilization: d.Utilization})
 			}
 		}
@@ -365,10 +367,8 @@ func (j *joiner) addLedger(cg uint64, l *ledger) {
 		e.Enforced, e.Unenforced = true, false
 		e.HighPriority = u.ClaimPriority == controlblock.PriorityHigh
 		if k.GPU != NoGPU { // a quota is per device; summed ones mean nothing
-			if l.limits != nil {
-				e.MemoryLimitBytes = l.limits.MemLimit[d]
-			} else if u.ClaimMemorySet {
-				e.MemoryLimitBytes = u.ClaimMemLimit[d]
+			if quota, ok := controlblock.MemoryLimits(l.limits, u); ok {
+				e.MemoryLimitBytes = quota[d]
 			}
 		}
 		e.LedgerBytes += u.ReservedBytes[d]

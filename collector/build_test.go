@@ -4,6 +4,8 @@ import (
 	"log/slog"
 	"testing"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 )
 
@@ -15,7 +17,7 @@ func TestLedgerOrdinalsLandOnTheirGPUs(t *testing.T) {
 	var raw [4][16]byte
 	node := make([]string, 4)
 	j := &joiner{c: New("node", "test", Sources{}, slog.New(slog.DiscardHandler)), v: &View{},
-		entries: map[Key]*ContainerDevice{}, uuids: map[int]string{}, index: map[string]int{},
+		entries: map[Key]*agentapi.ContainerDevice{}, uuids: map[int]string{}, index: map[string]int{},
 		live: map[uint64]bool{}, procs: map[Key][]gpuProc{}, ordinals: map[Key]int{}}
 	for i := range raw {
 		raw[i] = [16]byte{0x5a, 15: byte(i)}

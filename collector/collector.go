@@ -8,11 +8,13 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+
 	"github.com/gpuwarden/gpuwarden/bpf/observe"
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
 	"github.com/gpuwarden/gpuwarden/collector/claims"
-	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
 )
 
 // Sources are what the collector joins. A nil source is switched off.
@@ -112,8 +114,8 @@ func (c *Collector) View(ctx context.Context) *View {
 
 // logBadLedgers logs each refused ledger once, when it goes bad or its
 // fault changes, not on every view.
-func (c *Collector) logBadLedgers(bad []BadLedger) {
-	before := map[BadLedger]bool{}
+func (c *Collector) logBadLedgers(bad []agentapi.BadLedger) {
+	before := map[agentapi.BadLedger]bool{}
 	if c.last != nil {
 		for _, b := range c.last.BadLedgers {
 			before[b] = true

@@ -6,6 +6,8 @@ import (
 	"sort"
 	"syscall"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 )
 
@@ -113,10 +115,10 @@ func (f *ledgerFiles) noteBad(dir string, err error) {
 }
 
 // badList is every ledger that could not be read, by directory.
-func (f *ledgerFiles) badList() []BadLedger {
-	out := make([]BadLedger, 0, len(f.bad))
+func (f *ledgerFiles) badList() []agentapi.BadLedger {
+	out := make([]agentapi.BadLedger, 0, len(f.bad))
 	for dir, msg := range f.bad {
-		out = append(out, BadLedger{Dir: dir, Error: msg})
+		out = append(out, agentapi.BadLedger{Dir: dir, Error: msg})
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Dir < out[j].Dir })
 	return out

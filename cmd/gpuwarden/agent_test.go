@@ -9,7 +9,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpuwarden/gpuwarden/collector"
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+
+	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
+
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
 	"github.com/gpuwarden/gpuwarden/collector/kubeapi"
 	"github.com/gpuwarden/gpuwarden/collector/kubeapi/kubeapitest"
@@ -17,7 +20,6 @@ import (
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
-	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 )
 
 const gib = 1 << 30
@@ -74,7 +76,7 @@ func TestAgentReportsContainers(t *testing.T) {
 	})
 
 	// The same through the API smi reads.
-	var resp collector.ContainersResponse
+	var resp agentapi.ContainersResponse
 	agent.GetJSON(t, "/api/v1/containers", &resp)
 	found := false
 	for _, c := range resp.Containers {

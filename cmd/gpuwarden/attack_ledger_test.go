@@ -14,7 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpuwarden/gpuwarden/collector"
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
@@ -136,8 +137,8 @@ func getWithin(agent *simtest.Agent, path string, bound time.Duration) ([]byte, 
 	return b, err
 }
 
-func containersWithin(agent *simtest.Agent, bound time.Duration) (collector.ContainersResponse, error) {
-	var resp collector.ContainersResponse
+func containersWithin(agent *simtest.Agent, bound time.Duration) (agentapi.ContainersResponse, error) {
+	var resp agentapi.ContainersResponse
 	b, err := getWithin(agent, "/api/v1/containers", bound)
 	if err == nil {
 		err = json.Unmarshal(b, &resp)
@@ -147,7 +148,7 @@ func containersWithin(agent *simtest.Agent, bound time.Duration) (collector.Cont
 
 // waitBadLedger waits for the API to name dir's ledger as bad.
 func waitBadLedger(agent *simtest.Agent, dir string, within time.Duration) error {
-	var resp collector.ContainersResponse
+	var resp agentapi.ContainersResponse
 	var err error
 	for deadline := time.Now().Add(within); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
 		if resp, err = containersWithin(agent, scrapeBound); err != nil {
@@ -162,7 +163,7 @@ func waitBadLedger(agent *simtest.Agent, dir string, within time.Duration) error
 	return fmt.Errorf("bad ledger %s not reported within %v (%v): %+v", dir, within, err, resp.BadLedgers)
 }
 
-func listsMemory(resp collector.ContainersResponse, cg *simtest.Cgroup, want uint64) error {
+func listsMemory(resp agentapi.ContainersResponse, cg *simtest.Cgroup, want uint64) error {
 	for _, c := range resp.Containers {
 		if c.CgroupID == cg.ID && c.GPU == 0 {
 			if c.MemoryUsedBytes != want || !c.Enforced {

@@ -12,7 +12,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/agent"
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+	"github.com/gpuwarden/gpuwarden/enforcer/policy"
 )
 
 const ctlUsage = `usage: gpuwarden ctl [--agent URL] [--token-file FILE] COMMAND
@@ -90,13 +91,13 @@ func (c *ctlClient) set(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("ctl set", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	mem := fs.String("memory-limit", "", "GPU memory per device")
-	weight := fs.Int("weight", 0, "compute weight, 1-1000")
+	weight := fs.Int("weight", 0, fmt.Sprintf("compute weight, 1-%d", policy.MaxWeight))
 	limit := fs.Int("compute-limit", -1, "hard cap, percent of the device; 0: none")
 	prio := fs.String("priority", "", "high or normal")
 	if err := fs.Parse(args[1:]); err != nil {
 		return errUsage
 	}
-	var ch agent.ContainerChange
+	var ch agentapi.ContainerChange
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
 		case "memory-limit":
@@ -127,7 +128,7 @@ func (c *ctlClient) gpu(args []string, stdout, stderr io.Writer) error {
 	if err := fs.Parse(args[1:]); err != nil {
 		return errUsage
 	}
-	var ch agent.GPUChange
+	var ch agentapi.GPUChange
 	fs.Visit(func(f *flag.Flag) {
 		switch f.Name {
 		case "policy":
@@ -137,7 +138,7 @@ func (c *ctlClient) gpu(args []string, stdout, stderr io.Writer) error {
 		}
 	})
 	if ch.Policy == nil && ch.MaxInst == nil {
-		var g agent.GPUInfo
+		var g agentapi.GPUInfo
 		if err := c.getJSON("/api/v1/gpus/"+url.PathEscape(args[0]), &g); err != nil {
 			return err
 		}
@@ -147,7 +148,7 @@ func (c *ctlClient) gpu(args []string, stdout, stderr io.Writer) error {
 	return c.post("/api/v1/gpus/"+url.PathEscape(args[0])+"/settings", ch, stdout)
 }
 
-func printGPU(w io.Writer, g agent.GPUInfo) {
+func printGPU(w io.Writer, g agentapi.GPUInfo) {
 	set := ""
 	if g.PolicySet {
 		set = " (set)"
@@ -175,7 +176,7 @@ func (c *ctlClient) post(path string, body any, stdout io.Writer) error {
 	defer resp.Body.Close()
 	var res struct {
 		Error string `json:"error"`
-		agent.ChangeResult
+		agentapi.ChangeResult
 	}
 	_ = json.NewDecoder(io.LimitReader(resp.Body, 1<<20)).Decode(&res)
 	if resp.StatusCode != http.StatusOK {
@@ -214,7 +215,7 @@ func (c *ctlClient) getJSON(path string, v any) error {
 }
 
 func (c *ctlClient) events(stdout io.Writer) error {
-	var evs []agent.Event
+	var evs []agentapi.Event
 	if err := c.getJSON("/api/v1/events", &evs); err != nil {
 		return err
 	}

@@ -18,7 +18,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/gpuwarden/gpuwarden/collector"
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
 )
 
@@ -208,12 +209,12 @@ func relay(out io.Writer, cmd *exec.Cmd) error {
 // demoLaunches is each container's launch counter at a time.
 type demoLaunches struct {
 	at     time.Time
-	byName map[string]collector.ContainerDevice
+	byName map[string]agentapi.ContainerDevice
 }
 
 func readDemoLaunches(addr string) demoLaunches {
-	d := demoLaunches{at: time.Now(), byName: map[string]collector.ContainerDevice{}}
-	var resp collector.ContainersResponse
+	d := demoLaunches{at: time.Now(), byName: map[string]agentapi.ContainerDevice{}}
+	var resp agentapi.ContainersResponse
 	src := &smiSource{agent: &url.URL{Scheme: "http", Host: addr}, client: &http.Client{Timeout: 5 * time.Second}}
 	if err := src.get(context.Background(), "/api/v1/containers", &resp); err != nil {
 		return d

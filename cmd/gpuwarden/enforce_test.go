@@ -10,7 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpuwarden/gpuwarden/collector"
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
@@ -28,15 +29,15 @@ func startEnforced(t *testing.T, m *simtest.Machine, agent *simtest.Agent, name 
 }
 
 // entry returns the API's entry for a cgroup on GPU 0.
-func entry(t *testing.T, agent *simtest.Agent, cg *simtest.Cgroup) (collector.ContainerDevice, bool) {
-	var resp collector.ContainersResponse
+func entry(t *testing.T, agent *simtest.Agent, cg *simtest.Cgroup) (agentapi.ContainerDevice, bool) {
+	var resp agentapi.ContainersResponse
 	agent.GetJSON(t, "/api/v1/containers", &resp)
 	for _, c := range resp.Containers {
 		if c.CgroupID == cg.ID && c.GPU == 0 {
 			return c, true
 		}
 	}
-	return collector.ContainerDevice{}, false
+	return agentapi.ContainerDevice{}, false
 }
 
 func wantTargets(t *testing.T, agent *simtest.Agent, within time.Duration, want map[*simtest.Cgroup]float64) {

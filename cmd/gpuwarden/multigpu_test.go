@@ -11,9 +11,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/gpuwarden/gpuwarden/collector"
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
 	"github.com/gpuwarden/gpuwarden/collector/kubelet/kubelettest"
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
@@ -51,7 +52,7 @@ func startMultiGPUNode(t *testing.T, gpus, maxInst int) *multiGPUNode {
 		fmt.Sprintf("GPUWARDEN_DEVICE_PLUGIN_MAX_INST=%d", maxInst),
 		"GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET="+n.pr.Socket, "GPUWARDEN_NODE_NAME=node-m")
 	n.kl.WaitDevices(t, allocation.ResourceGPU, func(d []*pluginapi.Device) bool { return len(d) == gpus*maxInst })
-	var devs collector.DevicesResponse
+	var devs agentapi.DevicesResponse
 	n.agent.GetJSON(t, "/api/v1/devices", &devs)
 	if len(devs.Devices) != gpus {
 		t.Fatalf("NVML lists %d GPUs, want %d", len(devs.Devices), gpus)
@@ -138,7 +139,7 @@ func (n *multiGPUNode) shares(t *testing.T, pods []*podOnGPU, samples int) map[s
 		if i > 0 {
 			time.Sleep(1100 * time.Millisecond) // the next view
 		}
-		var resp collector.ContainersResponse
+		var resp agentapi.ContainersResponse
 		n.agent.GetJSON(t, "/api/v1/containers", &resp)
 		for _, p := range pods {
 			for _, c := range resp.Containers {
@@ -286,7 +287,7 @@ func TestAgentSchedulesContainerOnTwoGPUs(t *testing.T) {
 	simtest.RequirePrivileged(t, "eBPF and cgroups")
 	m := simtest.NewMachine(t, 3, "16Gi")
 	agent := simtest.StartAgent(t, m)
-	var devs collector.DevicesResponse
+	var devs agentapi.DevicesResponse
 	agent.GetJSON(t, "/api/v1/devices", &devs)
 	uuids := map[int]string{}
 	for _, d := range devs.Devices {
@@ -317,10 +318,10 @@ func TestAgentSchedulesContainerOnTwoGPUs(t *testing.T) {
 		if on[uuids[2]] != 1 || on[uuids[0]] != 1 || on[uuids[1]] != 0 {
 			return fmt.Errorf("containers scheduled per GPU %v, want one on %s and %s", on, uuids[2], uuids[0])
 		}
-		var resp collector.ContainersResponse
+		var resp agentapi.ContainersResponse
 		agent.GetJSON(t, "/api/v1/containers", &resp)
 		for _, gpu := range ordinalGPU {
-			var e *collector.ContainerDevice
+			var e *agentapi.ContainerDevice
 			for i, c := range resp.Containers {
 				if c.CgroupID == cg.ID && c.GPU == gpu {
 					e = &resp.Containers[i]

@@ -15,9 +15,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+
 	"github.com/spf13/pflag"
 
-	"github.com/gpuwarden/gpuwarden/collector"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 )
 
@@ -200,11 +201,11 @@ func (s *smiSource) close() {
 // fromAgent reads the agent's API. A failure to connect is an *errNoAgent;
 // an agent that answers with an error is reported as it is.
 func (s *smiSource) fromAgent(ctx context.Context) (*smiView, error) {
-	var cr collector.ContainersResponse
+	var cr agentapi.ContainersResponse
 	if err := s.get(ctx, "/api/v1/containers", &cr); err != nil {
 		return nil, err
 	}
-	var dr collector.DevicesResponse
+	var dr agentapi.DevicesResponse
 	if err := s.get(ctx, "/api/v1/devices", &dr); err != nil {
 		return nil, err
 	}
@@ -217,14 +218,14 @@ func (s *smiSource) fromAgent(ctx context.Context) (*smiView, error) {
 
 // viewFromAPI joins the agent's two answers and notes what the agent could
 // not see.
-func viewFromAPI(cr collector.ContainersResponse, dr collector.DevicesResponse) *smiView {
+func viewFromAPI(cr agentapi.ContainersResponse, dr agentapi.DevicesResponse) *smiView {
 	v := &smiView{Node: cr.Node, Time: cr.Time, Source: "agent", Devices: dr.Devices, Containers: cr.Containers,
 		Sources: cr.Sources}
 	if v.Devices == nil {
-		v.Devices = []collector.Device{}
+		v.Devices = []agentapi.Device{}
 	}
 	if v.Containers == nil {
-		v.Containers = []collector.ContainerDevice{}
+		v.Containers = []agentapi.ContainerDevice{}
 	}
 	ebpf := false
 	for _, src := range cr.Sources {

@@ -8,10 +8,12 @@ import (
 	"os"
 	"strings"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+
 	"github.com/gpuwarden/gpuwarden/collector"
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
 	"github.com/gpuwarden/gpuwarden/collector/claims"
-	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
+	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
 )
 
 // localView reads what smi can see without the agent: the interposer's
@@ -86,10 +88,10 @@ func (l *localView) view(ctx context.Context) *smiView {
 	v := &smiView{Node: cv.Node, Time: cv.Time, Source: "local", Devices: cv.Devices, Containers: cv.Containers,
 		Sources: cv.Sources, Notes: append([]string(nil), l.notes...)}
 	if v.Devices == nil {
-		v.Devices = []collector.Device{}
+		v.Devices = []agentapi.Device{}
 	}
 	if v.Containers == nil {
-		v.Containers = []collector.ContainerDevice{}
+		v.Containers = []agentapi.ContainerDevice{}
 	}
 	for _, s := range cv.Sources {
 		if !s.OK {

@@ -10,21 +10,20 @@ import (
 	"unicode"
 	"unicode/utf8"
 
-	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/agent"
-	"github.com/gpuwarden/gpuwarden/collector"
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
 )
 
 // smiView is what `gpuwarden smi` shows, and what --json prints: the
 // agent's view (or the one read locally) and where it came from.
 type smiView struct {
-	Node       string                      `json:"node"`
-	Time       time.Time                   `json:"time"`
-	Source     string                      `json:"source"`          // "agent" or "local"
-	Agent      string                      `json:"agent,omitempty"` // the agent's URL, when it answered
-	Devices    []collector.Device          `json:"devices"`
-	Containers []collector.ContainerDevice `json:"containers"`
-	Sources    []collector.SourceState     `json:"sources"`
-	GPUs       []agent.GPUInfo             `json:"gpus,omitempty"` // the enforcer's policy, max_inst and free_weight per GPU
+	Node       string                     `json:"node"`
+	Time       time.Time                  `json:"time"`
+	Source     string                     `json:"source"`          // "agent" or "local"
+	Agent      string                     `json:"agent,omitempty"` // the agent's URL, when it answered
+	Devices    []agentapi.Device          `json:"devices"`
+	Containers []agentapi.ContainerDevice `json:"containers"`
+	Sources    []agentapi.SourceState     `json:"sources"`
+	GPUs       []agentapi.GPUInfo         `json:"gpus,omitempty"` // the enforcer's policy, max_inst and free_weight per GPU
 	// Notes say what the view cannot know (read without the agent, a
 	// source down); they are printed above the table.
 	Notes []string `json:"notes,omitempty"`
@@ -87,8 +86,8 @@ func renderSmi(w io.Writer, v *smiView, watch time.Duration) error {
 	b.WriteString(smiRow{"", "Pod/Container (or cgroup)", "Prio", "Limit", "Usage/Total", ""}.String() + "\n")
 	b.WriteString(rule("="))
 
-	devices := map[int]collector.Device{}
-	byGPU := map[int][]collector.ContainerDevice{}
+	devices := map[int]agentapi.Device{}
+	byGPU := map[int][]agentapi.ContainerDevice{}
 	var gpus []int
 	for _, d := range v.Devices {
 		if _, ok := devices[d.Index]; !ok {
@@ -136,7 +135,7 @@ func renderSmi(w io.Writer, v *smiView, watch time.Duration) error {
 	return err
 }
 
-func containerRow(c collector.ContainerDevice, d collector.Device, known bool) smiRow {
+func containerRow(c agentapi.ContainerDevice, d agentapi.Device, known bool) smiRow {
 	r := smiRow{gpu: fmt.Sprint(c.GPU), name: truncate(containerName(c), colName), prio: "no"}
 	if c.HighPriority {
 		r.prio = "yes"
@@ -164,7 +163,7 @@ func containerRow(c collector.ContainerDevice, d collector.Device, known bool) s
 
 // containerName is namespace/pod/container on Kubernetes; off it, the
 // collector puts the cgroup path (or the container id) in Container.
-func containerName(c collector.ContainerDevice) string {
+func containerName(c agentapi.ContainerDevice) string {
 	var parts []string
 	for _, p := range []string{c.Namespace, c.Pod, c.Container} {
 		if p != "" {
@@ -260,7 +259,7 @@ func wrap(prefix, text string, width int) string {
 
 // scheduling is GPU index's line of the enforcer's state, cGPU's free_weight
 // included; empty when the enforcer did not say.
-func scheduling(gpus []agent.GPUInfo, index int) string {
+func scheduling(gpus []agentapi.GPUInfo, index int) string {
 	for _, g := range gpus {
 		if g.Index == index {
 			return fmt.Sprintf("%s  max_inst %d  free_weight %d", g.Policy, g.MaxInst, g.FreeWeight)

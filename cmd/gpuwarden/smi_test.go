@@ -18,8 +18,8 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/agent"
-	"github.com/gpuwarden/gpuwarden/collector"
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
 
@@ -30,21 +30,21 @@ const smiMiB = 1 << 20
 // smiFixture is an agent's answer on a two-GPU node: Kubernetes containers,
 // one labelled only by its cgroup path, one by the ids in its path, one
 // that bypasses the interposer, high priority, with and without quotas.
-func smiFixture() (collector.ContainersResponse, collector.DevicesResponse) {
+func smiFixture() (agentapi.ContainersResponse, agentapi.DevicesResponse) {
 	at := time.Date(2025, 3, 1, 12, 30, 0, 0, time.UTC)
 	const (
 		uuid0 = "GPU-5a4b7869-1e0f-3c2d-d2c3-f0e19687b400"
 		uuid1 = "GPU-45546776-0110-2332-cddc-effe8998ab01"
 	)
-	dr := collector.DevicesResponse{Node: "node-a", Time: at, Devices: []collector.Device{
+	dr := agentapi.DevicesResponse{Node: "node-a", Time: at, Devices: []agentapi.Device{
 		{Node: "node-a", Index: 0, UUID: uuid0, Name: "NVIDIA A100-SXM4-80GB", MemoryTotalBytes: 81920 * smiMiB,
 			MemoryUsedBytes: 7360 * smiMiB, Utilization: 0.734},
 		{Node: "node-a", Index: 1, UUID: uuid1, Name: "NVIDIA A100-SXM4-80GB", MemoryTotalBytes: 81920 * smiMiB,
 			MemoryUsedBytes: 12352 * smiMiB, Utilization: 0.125},
 	}}
-	cr := collector.ContainersResponse{Node: "node-a", Time: at, Sources: []collector.SourceState{
+	cr := agentapi.ContainersResponse{Node: "node-a", Time: at, Sources: []agentapi.SourceState{
 		{Name: "ebpf", OK: true}, {Name: "kubelet", OK: true}, {Name: "ledger", OK: true}, {Name: "nvml", OK: true},
-	}, Containers: []collector.ContainerDevice{
+	}, Containers: []agentapi.ContainerDevice{
 		{Node: "node-a", GPU: 0, UUID: uuid0, Namespace: "ml", Pod: "trainer-0", Container: "pytorch", CgroupID: 101,
 			CgroupPath: "/kubepods.slice/kubepods-pod1.slice/cri-containerd-aaaa.scope", Enforced: true, HighPriority: true,
 			MemoryUsedBytes: 1024 * smiMiB, MemorySource: "ebpf", MemoryLimitBytes: 4096 * smiMiB, LedgerBytes: 1088 * smiMiB,
@@ -70,8 +70,8 @@ func smiFixture() (collector.ContainersResponse, collector.DevicesResponse) {
 func TestSmiGolden(t *testing.T) {
 	cr, dr := smiFixture()
 	noEBPF := cr
-	noEBPF.Sources = []collector.SourceState{{Name: "ledger", OK: true}, {Name: "nvml", OK: false, Error: "nvml init: ERROR_LIBRARY_NOT_FOUND"}}
-	noEBPF.Containers = []collector.ContainerDevice{
+	noEBPF.Sources = []agentapi.SourceState{{Name: "ledger", OK: true}, {Name: "nvml", OK: false, Error: "nvml init: ERROR_LIBRARY_NOT_FOUND"}}
+	noEBPF.Containers = []agentapi.ContainerDevice{
 		{GPU: 0, Container: "/gpuwarden-test/evil\x1b[2J-name", CgroupID: 7, Enforced: true, MemoryUsedBytes: 1088 * smiMiB,
 			MemoryLimitBytes: 4096 * smiMiB, ComputeShare: 0.2},
 		{GPU: 3, CgroupID: 9, CgroupPath: "/user.slice/user-1000.slice/session-2.scope", Unenforced: true, MemoryUsedBytes: 512 * smiMiB},
@@ -85,8 +85,8 @@ func TestSmiGolden(t *testing.T) {
 		{"two_gpus", viewFromAPI(cr, dr), 0},
 		{"watch", viewFromAPI(cr, dr), 2 * time.Second},
 		// An agent without eBPF nor NVML: notes, a GPU without device data, a name with an escape sequence.
-		{"degraded", viewFromAPI(noEBPF, collector.DevicesResponse{}), 0},
-		{"empty", viewFromAPI(collector.ContainersResponse{Node: "node-b", Time: cr.Time, Sources: cr.Sources}, collector.DevicesResponse{}), 0},
+		{"degraded", viewFromAPI(noEBPF, agentapi.DevicesResponse{}), 0},
+		{"empty", viewFromAPI(agentapi.ContainersResponse{Node: "node-b", Time: cr.Time, Sources: cr.Sources}, agentapi.DevicesResponse{}), 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			if tc.view.Agent == "" {
@@ -148,7 +148,7 @@ func TestSmiShowsFreeWeight(t *testing.T) {
 	mux.HandleFunc("GET /api/v1/containers", func(w http.ResponseWriter, r *http.Request) { _ = json.NewEncoder(w).Encode(cr) })
 	mux.HandleFunc("GET /api/v1/devices", func(w http.ResponseWriter, r *http.Request) { _ = json.NewEncoder(w).Encode(dr) })
 	mux.HandleFunc("GET /api/v1/gpus", func(w http.ResponseWriter, r *http.Request) {
-		_ = json.NewEncoder(w).Encode([]agent.GPUInfo{{Index: 1, Policy: "fair-share", PolicySet: true, MaxInst: 128, FreeWeight: 125, Containers: 3}})
+		_ = json.NewEncoder(w).Encode([]agentapi.GPUInfo{{Index: 1, Policy: "fair-share", PolicySet: true, MaxInst: 128, FreeWeight: 125, Containers: 3}})
 	})
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/gpuwarden/gpuwarden/enforcer/policy"
 )
 
 // Pod annotations that set a container's compute claims. The pod-wide key
@@ -12,7 +14,7 @@ import (
 // container and wins over the pod-wide key. The agent reads them (the
 // kubelet does not pass annotations to a device plugin).
 const (
-	AnnotationWeight       = "gpuwarden.io/weight"        // integer 1-1000
+	AnnotationWeight       = "gpuwarden.io/weight"        // integer 1-policy.MaxWeight
 	AnnotationComputeLimit = "gpuwarden.io/compute-limit" // percent 1-100, "%" allowed
 	AnnotationPriority     = "gpuwarden.io/priority"      // high or normal
 )
@@ -20,7 +22,7 @@ const (
 // Claims are a container's compute claims from annotations; a zero field
 // was not set.
 type Claims struct {
-	Weight       uint32 // 1-1000
+	Weight       uint32 // 1-policy.MaxWeight
 	ComputeLimit uint32 // percent 1-100
 	Priority     string // "high" or "normal"
 }
@@ -40,8 +42,8 @@ func ParseAnnotations(annotations map[string]string, container string) (Claims, 
 	}
 	if k, v, ok := get(AnnotationWeight); ok {
 		n, err := strconv.ParseUint(v, 10, 32)
-		if err != nil || n < 1 || n > 1000 {
-			errs = append(errs, fmt.Errorf("annotation %s=%q: want an integer from 1 to 1000", k, v))
+		if err != nil || policy.CheckWeight(int(n)) != nil {
+			errs = append(errs, fmt.Errorf("annotation %s=%q: want an integer from 1 to %d", k, v, policy.MaxWeight))
 		} else {
 			c.Weight = uint32(n)
 		}

@@ -17,10 +17,10 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpuwarden/gpuwarden/collector/kubelet/kubelettest"
-	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 	"github.com/gpuwarden/gpuwarden/deploy/deviceplugin"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
 

@@ -16,8 +16,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
+	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
 	"github.com/gpuwarden/gpuwarden/enforcer/policy"
 )
 

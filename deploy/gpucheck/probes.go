@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpuwarden/gpuwarden/collector"
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
 )
 
 // checkProbes is part 3: the agent's uprobes on the driver the machine
@@ -61,7 +61,7 @@ func checkProbes(ctx context.Context, e *env, r *Result) {
 		}
 	}
 	for _, name := range []string{"probe-a", "probe-b"} {
-		var seen collector.ContainerDevice
+		var seen agentapi.ContainerDevice
 		err := waitFor(ctx, 20*time.Second, func() error {
 			c, err := a.container(cgs[name])
 			seen = c
@@ -101,17 +101,17 @@ func checkProbes(ctx context.Context, e *env, r *Result) {
 }
 
 // container is the agent's view of the container in cg.
-func (a *agent) container(cg *cgroup) (collector.ContainerDevice, error) {
-	var resp collector.ContainersResponse
+func (a *agent) container(cg *cgroup) (agentapi.ContainerDevice, error) {
+	var resp agentapi.ContainersResponse
 	if err := a.get("/api/v1/containers", &resp); err != nil {
-		return collector.ContainerDevice{}, err
+		return agentapi.ContainerDevice{}, err
 	}
 	for _, c := range resp.Containers {
 		if c.CgroupPath == cg.rel {
 			return c, nil
 		}
 	}
-	return collector.ContainerDevice{}, fmt.Errorf("the agent does not list %s", cg.rel)
+	return agentapi.ContainerDevice{}, fmt.Errorf("the agent does not list %s", cg.rel)
 }
 
 // errText explains a wait that ran out, with the end of the agent's log.

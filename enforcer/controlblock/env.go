@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/gpuwarden/gpuwarden/enforcer/policy"
 )
 
 // Env is what a container's environment asks of the interposer (DESIGN.md's
@@ -148,14 +150,14 @@ func ParseEnv(lookup func(string) (string, bool)) (Env, error) {
 	w, wok := lookup("GPUWARDEN_COMPUTE_WEIGHT")
 	w2, w2ok := lookup("ALIYUN_COM_GPU_SCHD_WEIGHT")
 	if wok {
-		if e.Weight, ok = parseInt(w, 1, 1000); !ok {
-			return e, &EnvError{"GPUWARDEN_COMPUTE_WEIGHT", w, "want an integer from 1 to 1000"}
+		if e.Weight, ok = parseInt(w, 1, policy.MaxWeight); !ok {
+			return e, &EnvError{"GPUWARDEN_COMPUTE_WEIGHT", w, fmt.Sprintf("want an integer from 1 to %d", policy.MaxWeight)}
 		}
 	}
 	if w2ok {
-		x, ok := parseInt(w2, 1, 1000)
+		x, ok := parseInt(w2, 1, policy.MaxWeight)
 		if !ok {
-			return e, &EnvError{"ALIYUN_COM_GPU_SCHD_WEIGHT", w2, "want an integer from 1 to 1000"}
+			return e, &EnvError{"ALIYUN_COM_GPU_SCHD_WEIGHT", w2, fmt.Sprintf("want an integer from 1 to %d", policy.MaxWeight)}
 		}
 		if !wok {
 			e.Weight = x

@@ -22,6 +22,20 @@ type LimitsConfig struct {
 	NDev           uint32
 }
 
+// MemoryLimits is the memory quota a container is held to, per CUDA
+// ordinal (0: none): its limits file's when it has one (limits; the agent
+// or the device plugin made it), else what its environment claims in its
+// ledger. ok is false when neither sets one.
+func MemoryLimits(limits *LimitsConfig, u *UsageSnapshot) (quota [MaxDevices]uint64, ok bool) {
+	switch {
+	case limits != nil:
+		return limits.MemLimit, true
+	case u != nil && u.ClaimMemorySet:
+		return u.ClaimMemLimit, true
+	}
+	return quota, false
+}
+
 // LimitsFile is the agent's read-write mapping of one container's limits.
 // One writer per file: the agent.
 type LimitsFile struct {

@@ -9,6 +9,8 @@ import (
 	"syscall"
 	"unicode/utf8"
 	"unsafe"
+
+	"github.com/gpuwarden/gpuwarden/enforcer/policy"
 )
 
 // MaxPlausibleBytes bounds any byte count read from a ledger: more than any
@@ -94,7 +96,7 @@ func parseUsage(u *Usage) (*UsageSnapshot, error) {
 		s.LaunchesIssued[d] = u.LaunchesIssued[d]
 		s.AllocFailures[d] = u.AllocFailures[d]
 	}
-	if u.ClaimWeight > 1000 {
+	if u.ClaimWeight > policy.MaxWeight {
 		bad("claimed weight %d", u.ClaimWeight)
 	} else {
 		s.ClaimWeight = u.ClaimWeight

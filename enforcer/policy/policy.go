@@ -109,7 +109,7 @@ func Parse(s string) (Policy, error) {
 
 // Container is what the policy needs to know of one container on the GPU.
 type Container struct {
-	Weight     int     // 1-1000; 0 is taken as 1
+	Weight     int     // 1-MaxWeight; 0 is taken as 1 (Weight)
 	CapPercent int     // hard cap on its share, 1-100; 0: none
 	High       bool    // high priority
 	Present    bool    // has a context on the device (weighted keeps its slices)
@@ -141,10 +141,28 @@ func Effective(explicit Policy, set bool, cs []Container) Policy {
 	return DefaultPolicy
 }
 
+// Weight is the weight in force for a setting of w: w, or 1 for 0 (none set).
+func Weight(w int) int {
+	if w < 1 {
+		return 1
+	}
+	return w
+}
+
+// CheckWeight checks a weight someone sets: 1-MaxWeight.
+func CheckWeight(w int) error {
+	if w < 1 || w > MaxWeight {
+		return fmt.Errorf("weight %d: want 1-%d", w, MaxWeight)
+	}
+	return nil
+}
+
 // Validate checks a container's settings.
 func (c Container) Validate() error {
-	if c.Weight < 0 || c.Weight > MaxWeight {
-		return fmt.Errorf("weight %d: want 1-%d", c.Weight, MaxWeight)
+	if c.Weight != 0 {
+		if err := CheckWeight(c.Weight); err != nil {
+			return err
+		}
 	}
 	if c.CapPercent < 0 || c.CapPercent > 100 {
 		return fmt.Errorf("compute limit %d%%: want 1-100, or 0 for none", c.CapPercent)
@@ -152,12 +170,7 @@ func (c Container) Validate() error {
 	return nil
 }
 
-func weight(c Container) float64 {
-	if c.Weight < 1 {
-		return 1
-	}
-	return float64(c.Weight)
-}
+func weight(c Container) float64 { return float64(Weight(c.Weight)) }
 
 func capOf(c Container) float64 {
 	if c.CapPercent <= 0 || c.CapPercent >= 100 {

@@ -157,3 +157,25 @@ func TestParse(t *testing.T) {
 		t.Error("cap 101 accepted")
 	}
 }
+
+// A weight is 1-MaxWeight where someone sets it; a weight not set (0) is 1,
+// in the shares as in what is reported.
+func TestWeight(t *testing.T) {
+	for w, want := range map[int]int{0: 1, -3: 1, 1: 1, 7: 7, MaxWeight: MaxWeight} {
+		if got := Weight(w); got != want {
+			t.Errorf("Weight(%d) = %d, want %d", w, got, want)
+		}
+	}
+	for w, ok := range map[int]bool{0: false, 1: true, MaxWeight: true, MaxWeight + 1: false, -1: false} {
+		if err := CheckWeight(w); (err == nil) != ok {
+			t.Errorf("CheckWeight(%d) = %v, want accepted %v", w, err, ok)
+		}
+	}
+	if err := (Container{}).Validate(); err != nil {
+		t.Errorf("a container with no weight set: %v", err)
+	}
+	unset := Shares(Weighted, 4, []Container{{Present: true, Busy: true}, {Weight: 1, Present: true, Busy: true}})
+	if unset[0] != unset[1] {
+		t.Errorf("weighted shares of weight 0 and weight 1 = %v, want equal", unset)
+	}
+}

@@ -77,7 +77,7 @@ func (c *Config) defaults() {
 
 // Settings are a container's compute settings.
 type Settings struct {
-	Weight     int  // 1-1000 (0: 1)
+	Weight     int  // 1-policy.MaxWeight (0: 1, policy.Weight)
 	CapPercent int  // hard cap, 1-100; 0: none
 	High       bool // high priority
 	// FromClaims takes weight, cap and priority from what the container's
@@ -481,8 +481,9 @@ func (s *Scheduler) readLedger(c *container) {
 	if err != nil {
 		c.eff = c.settings
 		if c.eff.FromClaims {
-			c.eff = Settings{Weight: 1}
+			c.eff = Settings{}
 		}
+		c.eff.Weight = policy.Weight(c.eff.Weight)
 		return
 	}
 	c.eff = c.settings
@@ -493,9 +494,10 @@ func (s *Scheduler) readLedger(c *container) {
 		delete(s.unclaimed, c.key)
 	}
 	if c.settings.FromClaims {
-		c.eff = Settings{Weight: int(max(snap.ClaimWeight, 1)), CapPercent: int(snap.ClaimComputeLimit),
+		c.eff = Settings{Weight: int(snap.ClaimWeight), CapPercent: int(snap.ClaimComputeLimit),
 			High: snap.ClaimPriority == controlblock.PriorityHigh}
 	}
+	c.eff.Weight = policy.Weight(c.eff.Weight)
 	c.reserved = snap.ReservedBytes
 	c.pids = c.pids[:0]
 	for _, p := range snap.Procs {

@@ -4,8 +4,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
 )
 
 // Source reports how much device time each container has used.

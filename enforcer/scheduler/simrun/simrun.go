@@ -2,7 +2,7 @@
 // scheduler, as the agent would: each container has its own control
 // directory with a limits file the scheduler drives, its processes preload
 // the interposer, and busy time comes from simgpu's NVML through
-// collector/nvmldev. The enforcer's tests and `gpuwarden bench --only
+// enforcer/nvmldev. The enforcer's tests and `gpuwarden bench --only
 // enforcer` use it.
 package simrun
 
@@ -21,8 +21,8 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
 	"github.com/gpuwarden/gpuwarden/enforcer/scheduler"
 )
 

@@ -24,9 +24,11 @@ import (
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
 	"github.com/gpuwarden/gpuwarden/collector/claims"
 	"github.com/gpuwarden/gpuwarden/collector/kubelet"
-	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
 	"github.com/gpuwarden/gpuwarden/deploy/deviceplugin"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/membership"
+	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
+	"github.com/gpuwarden/gpuwarden/enforcer/settings"
 )
 
 // Agent is one running node agent.
@@ -38,7 +40,9 @@ type Agent struct {
 	parts    parts
 	nsRoot   string            // host path of the agent's cgroup namespace root
 	resolver *cgroups.Resolver // nil when no cgroup v2 tree was found
-	enf      atomic.Pointer[enforcement]
+	enf      atomic.Pointer[membership.Enforcement]
+	breaches *breaches       // nil unless enforcing
+	settings *settings.Store // what ctl changed; nil unless enforcing
 	nvml     *nvmldev.Reader
 	plugin   *deviceplugin.Plugin  // nil unless the device plugin runs
 	pods     *kubelet.PodResources // nil off Kubernetes
@@ -69,19 +73,19 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 	src := collector.Sources{ControlDir: cfg.ControlDir, Cgroups: resolver, Claims: verifier, ProcRoot: cfg.Paths.Proc, CgroupNSRoot: a.nsRoot,
 		Targets: func() map[collector.GPUKey]float64 {
 			if e := a.enf.Load(); e != nil {
-				return e.targets()
+				return byCgroupGPU(e.Targets())
 			}
 			return nil
 		},
 		Held: func() map[collector.GPUKey]float64 {
 			if e := a.enf.Load(); e != nil {
-				return e.held()
+				return byCgroupGPU(e.Held())
 			}
 			return nil
 		},
 		Rewinds: func() map[collector.GPUKey]uint64 {
 			if e := a.enf.Load(); e != nil {
-				return e.rewinds()
+				return byCgroupGPU(e.Rewinds())
 			}
 			return nil
 		}}
@@ -293,4 +297,13 @@ func (a *Agent) Close() error {
 	a.wg.Wait()
 	a.log.Info("agent stopped")
 	return errors.Join(errs...)
+}
+
+// byCgroupGPU keys the enforcer's figures as the collector does.
+func byCgroupGPU[T any](m map[membership.GPUKey]T) map[collector.GPUKey]T {
+	out := make(map[collector.GPUKey]T, len(m))
+	for k, v := range m {
+		out[collector.GPUKey{Cgroup: k.Cgroup, UUID: k.UUID}] = v
+	}
+	return out
 }

@@ -5,10 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/gpuwarden/gpuwarden/collector"
 	"github.com/gpuwarden/gpuwarden/collector/kubeapi"
-	"github.com/gpuwarden/gpuwarden/deploy/allocation"
-	"github.com/gpuwarden/gpuwarden/enforcer/scheduler"
 )
 
 // podAnnotations keeps the annotations (and uids) of this node's pods, read
@@ -74,61 +71,4 @@ func (p *podAnnotations) pod(ctx context.Context, a *Agent, namespace, pod strin
 	}
 	pd, ok := p.byPod[namespace+"/"+pod]
 	return pd, ok
-}
-
-// applyAnnotations holds each container of a pod to its pod's
-// gpuwarden.io annotations, unless `gpuwarden ctl` set its settings. A
-// malformed annotation is logged and changes nothing (never "no limit").
-func (e *enforcement) applyAnnotations(ctx context.Context, v *collector.View) {
-	if e.pods == nil {
-		return
-	}
-	for _, c := range v.Containers {
-		if c.Pod == "" || c.Namespace == "" || !c.Enforced {
-			continue
-		}
-		m := e.memberOf(c.CgroupID)
-		if m == nil || e.settings.hasCompute(m.dir) {
-			continue
-		}
-		ann, ok := e.pods.of(ctx, e.a, c.Namespace, c.Pod)
-		if !ok {
-			continue
-		}
-		claims, err := allocation.ParseAnnotations(ann, c.Container)
-		if err != nil {
-			e.a.log.Warn("ignoring the pod's gpuwarden annotations", "pod", c.Namespace+"/"+c.Pod, "err", err)
-			continue
-		}
-		st := scheduler.Settings{FromClaims: true}
-		if claims != (allocation.Claims{}) {
-			st = scheduler.Settings{Weight: int(claims.Weight), CapPercent: int(claims.ComputeLimit), High: claims.Priority == "high"}
-			if st.Weight == 0 {
-				st.Weight = 1
-			}
-		}
-		e.mu.Lock()
-		changed := m.annotated != st
-		m.annotated = st
-		e.mu.Unlock()
-		if changed {
-			if err := e.s.SetContainer(m.dir, st); err != nil {
-				e.a.log.Warn("pod annotations refused", "pod", c.Namespace+"/"+c.Pod, "err", err)
-			} else {
-				e.a.log.Info("pod annotations applied", "pod", c.Namespace+"/"+c.Pod, "container", c.Container,
-					"weight", st.Weight, "computeLimit", st.CapPercent, "high", st.High)
-			}
-		}
-	}
-}
-
-func (e *enforcement) memberOf(cgroup uint64) *member {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	for _, m := range e.members {
-		if m.cgroup == cgroup {
-			return m
-		}
-	}
-	return nil
 }

@@ -10,6 +10,9 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+	"github.com/gpuwarden/gpuwarden/enforcer/control"
+
 	"golang.org/x/sys/unix"
 
 	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/config"
@@ -18,19 +21,39 @@ import (
 	"github.com/gpuwarden/gpuwarden/collector/claims"
 )
 
-// Event is something the enforcer saw or did, for /api/v1/events.
-type Event struct {
-	Time      time.Time `json:"time"`
-	Kind      string    `json:"kind"` // breach, frozen, killed, unfrozen
-	Reason    string    `json:"reason,omitempty"`
-	Cgroup    string    `json:"cgroup"`
-	Namespace string    `json:"namespace,omitempty"`
-	Pod       string    `json:"pod,omitempty"`
-	Container string    `json:"container,omitempty"`
-	GPU       int       `json:"gpu"`
-	PIDs      []int     `json:"pids,omitempty"`
-	Message   string    `json:"message"`
+// breaches reports, freezes or kills containers in breach.
+type breaches struct {
+	a        *Agent
+	cgroupFS string
+	watch    breachWatch
 }
+
+func newBreaches(a *Agent, cgroupFS string) *breaches {
+	r := &breaches{a: a, cgroupFS: cgroupFS}
+	r.watch.init()
+	return r
+}
+
+// Events is the latest events.
+func (r *breaches) Events() []agentapi.Event { return r.watch.list() }
+
+// Unfreeze thaws a cgroup the agent froze.
+func (r *breaches) Unfreeze(path string) error {
+	r.watch.mu.Lock()
+	frozen := r.watch.frozen[path]
+	r.watch.mu.Unlock()
+	if !frozen {
+		return control.ErrNotFrozen
+	}
+	if err := r.freeze(path, false); err != nil {
+		return err
+	}
+	r.watch.record(agentapi.Event{Kind: "unfrozen", Cgroup: path, Message: "unfrozen by gpuwarden ctl"})
+	return nil
+}
+
+// cgroupDir is a cgroup's directory in the cgroup2 filesystem.
+func (r *breaches) cgroupDir(path string) string { return filepath.Join(r.cgroupFS, path) }
 
 // breachWatch remembers which breaches were reported (and which cgroups
 // frozen), and keeps the latest events.
@@ -38,7 +61,7 @@ type breachWatch struct {
 	mu      sync.Mutex
 	flagged map[string]bool // cgroup path + reason
 	frozen  map[string]bool
-	events  []Event
+	events  []agentapi.Event
 }
 
 const maxEvents = 200
@@ -47,7 +70,7 @@ func (b *breachWatch) init() {
 	b.flagged, b.frozen = map[string]bool{}, map[string]bool{}
 }
 
-func (b *breachWatch) record(ev Event) {
+func (b *breachWatch) record(ev agentapi.Event) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	ev.Time = time.Now()
@@ -57,10 +80,10 @@ func (b *breachWatch) record(ev Event) {
 	}
 }
 
-func (b *breachWatch) list() []Event {
+func (b *breachWatch) list() []agentapi.Event {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return append([]Event{}, b.events...)
+	return append([]agentapi.Event{}, b.events...)
 }
 
 // fresh marks the view's breaches as reported and returns those that were
@@ -88,59 +111,59 @@ func (b *breachWatch) fresh(v *collector.View) []breachAt {
 
 // breachAt is one breach of one container.
 type breachAt struct {
-	c collector.ContainerDevice
-	b collector.Breach
+	c agentapi.ContainerDevice
+	b agentapi.Breach
 }
 
-// checkBreaches reports each new breach the collector's view shows (a log
+// check reports each new breach the collector's view shows (a log
 // line and an event with the evidence) and, as enforcement.onBreach says,
 // freezes the container's cgroup or kills the offending processes.
-func (e *enforcement) checkBreaches(v *collector.View) {
-	for _, f := range e.breaches.fresh(v) {
+func (r *breaches) check(v *collector.View) {
+	for _, f := range r.watch.fresh(v) {
 		c, b := f.c, f.b
-		ev := Event{Kind: "breach", Reason: b.Reason, Cgroup: c.CgroupPath, Namespace: c.Namespace, Pod: c.Pod,
+		ev := agentapi.Event{Kind: "breach", Reason: b.Reason, Cgroup: c.CgroupPath, Namespace: c.Namespace, Pod: c.Pod,
 			Container: c.Container, GPU: c.GPU, PIDs: pidsOf(b.Procs), Message: b.Reason + ": " + b.Evidence}
-		e.a.log.Warn("container in breach", "reason", b.Reason, "evidence", b.Evidence, "cgroup", c.CgroupPath,
+		r.a.log.Warn("container in breach", "reason", b.Reason, "evidence", b.Evidence, "cgroup", c.CgroupPath,
 			"pod", c.Pod, "container", c.Container, "gpu", c.GPU)
-		e.breaches.record(ev)
-		e.act(ev, b)
+		r.watch.record(ev)
+		r.act(ev, b)
 	}
 }
 
 // act applies enforcement.onBreach to one breach.
-func (e *enforcement) act(ev Event, b collector.Breach) {
-	switch e.a.cfg.BreachAction() {
+func (r *breaches) act(ev agentapi.Event, b agentapi.Breach) {
+	switch r.a.cfg.BreachAction() {
 	case config.BreachFreeze:
-		if err := e.freeze(ev.Cgroup, true); err != nil {
-			e.a.log.Error("cannot freeze a cgroup in breach", "cgroup", ev.Cgroup, "err", err)
+		if err := r.freeze(ev.Cgroup, true); err != nil {
+			r.a.log.Error("cannot freeze a cgroup in breach", "cgroup", ev.Cgroup, "err", err)
 			return
 		}
 		ev.Kind, ev.Message = "frozen", "frozen: "+ev.Message
 	case config.BreachKill:
-		pids, err := e.kill(ev.Cgroup, b.Procs)
+		pids, err := r.kill(ev.Cgroup, b.Procs)
 		if err != nil {
-			e.a.log.Error("cannot kill a container in breach", "cgroup", ev.Cgroup, "err", err)
+			r.a.log.Error("cannot kill a container in breach", "cgroup", ev.Cgroup, "err", err)
 			return
 		}
 		ev.Kind, ev.PIDs, ev.Message = "killed", pids, "killed: "+ev.Message
 	default:
 		return
 	}
-	e.a.log.Warn("container in breach stopped", "action", ev.Kind, "cgroup", ev.Cgroup, "pids", ev.PIDs)
-	e.breaches.record(ev)
+	r.a.log.Warn("container in breach stopped", "action", ev.Kind, "cgroup", ev.Cgroup, "pids", ev.PIDs)
+	r.watch.record(ev)
 }
 
 // stoppable refuses the cgroups the agent must never freeze or kill: the
 // root, its own, and any ancestor of its own.
-func (e *enforcement) stoppable(path string) error {
+func (r *breaches) stoppable(path string) error {
 	if path == "/" || path == "" {
 		return errors.New("the root cgroup is never stopped")
 	}
-	own, err := cgroups.OfProcess(e.a.cfg.Paths.Proc, os.Getpid())
+	own, err := cgroups.OfProcess(r.a.cfg.Paths.Proc, os.Getpid())
 	if err != nil {
 		return fmt.Errorf("cannot tell the agent's own cgroup: %w", err)
 	}
-	own = cgroups.HostPath(e.a.nsRoot, own)
+	own = cgroups.HostPath(r.a.nsRoot, own)
 	if cgroups.Within(own, path) {
 		return fmt.Errorf("cgroup %s holds the agent (%s): never stopped", path, own)
 	}
@@ -148,9 +171,9 @@ func (e *enforcement) stoppable(path string) error {
 }
 
 // freeze freezes or thaws a cgroup (cgroup v2 cgroup.freeze).
-func (e *enforcement) freeze(path string, on bool) error {
+func (r *breaches) freeze(path string, on bool) error {
 	if on {
-		if err := e.stoppable(path); err != nil {
+		if err := r.stoppable(path); err != nil {
 			return err
 		}
 	}
@@ -158,28 +181,28 @@ func (e *enforcement) freeze(path string, on bool) error {
 	if on {
 		val = "1"
 	}
-	if err := os.WriteFile(filepath.Join(e.cgroupDir(path), "cgroup.freeze"), []byte(val), 0); err != nil {
+	if err := os.WriteFile(filepath.Join(r.cgroupDir(path), "cgroup.freeze"), []byte(val), 0); err != nil {
 		return fmt.Errorf("freeze %s: %w", path, err)
 	}
-	e.breaches.mu.Lock()
-	defer e.breaches.mu.Unlock()
+	r.watch.mu.Lock()
+	defer r.watch.mu.Unlock()
 	if on {
-		e.breaches.frozen[path] = true
+		r.watch.frozen[path] = true
 	} else {
-		delete(e.breaches.frozen, path) // still flagged: not frozen again while the breach lasts
+		delete(r.watch.frozen, path) // still flagged: not frozen again while the breach lasts
 	}
 	return nil
 }
 
 // kill SIGKILLs the offending processes: those named, else every process
 // of the cgroup (cgroup.kill). It returns the pids killed.
-func (e *enforcement) kill(path string, procs []collector.Process) ([]int, error) {
-	if err := e.stoppable(path); err != nil {
+func (r *breaches) kill(path string, procs []agentapi.Process) ([]int, error) {
+	if err := r.stoppable(path); err != nil {
 		return nil, err
 	}
 	if len(procs) == 0 {
-		b, _ := os.ReadFile(filepath.Join(e.cgroupDir(path), "cgroup.procs"))
-		if err := os.WriteFile(filepath.Join(e.cgroupDir(path), "cgroup.kill"), []byte("1"), 0); err != nil {
+		b, _ := os.ReadFile(filepath.Join(r.cgroupDir(path), "cgroup.procs"))
+		if err := os.WriteFile(filepath.Join(r.cgroupDir(path), "cgroup.kill"), []byte("1"), 0); err != nil {
 			return nil, fmt.Errorf("kill %s: %w", path, err)
 		}
 		return fieldsInts(string(b)), nil
@@ -187,7 +210,7 @@ func (e *enforcement) kill(path string, procs []collector.Process) ([]int, error
 	var killed []int
 	var errs []error
 	for _, p := range procs {
-		if err := e.killIn(path, p); err != nil {
+		if err := r.killIn(path, p); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -199,18 +222,18 @@ func (e *enforcement) kill(path string, procs []collector.Process) ([]int, error
 // killIn SIGKILLs a process if it is still the one judged (same start
 // time) and still in the cgroup. The pidfd pins the process before both
 // are read, so a pid reused meanwhile is never signalled.
-func (e *enforcement) killIn(path string, p collector.Process) error {
+func (r *breaches) killIn(path string, p agentapi.Process) error {
 	pid := p.PID
 	fd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
 		return fmt.Errorf("open pid %d: %w", pid, err)
 	}
 	defer unix.Close(fd)
-	if st, err := claims.StartTime(e.a.cfg.Paths.Proc, pid); err != nil || st != p.StartTime {
+	if st, err := claims.StartTime(r.a.cfg.Paths.Proc, pid); err != nil || st != p.StartTime {
 		return fmt.Errorf("pid %d is no longer the process judged", pid)
 	}
-	now, err := cgroups.OfProcess(e.a.cfg.Paths.Proc, pid)
-	if err != nil || cgroups.HostPath(e.a.nsRoot, now) != path {
+	now, err := cgroups.OfProcess(r.a.cfg.Paths.Proc, pid)
+	if err != nil || cgroups.HostPath(r.a.nsRoot, now) != path {
 		return fmt.Errorf("pid %d is no longer in %s", pid, path)
 	}
 	if err := unix.PidfdSendSignal(fd, syscall.SIGKILL, nil, 0); err != nil {
@@ -230,7 +253,7 @@ func fieldsInts(s string) []int {
 	return out
 }
 
-func pidsOf(ps []collector.Process) []int {
+func pidsOf(ps []agentapi.Process) []int {
 	out := make([]int, len(ps))
 	for i, p := range ps {
 		out[i] = p.PID

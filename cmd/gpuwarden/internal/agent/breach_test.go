@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+
 	"github.com/gpuwarden/gpuwarden/collector"
 )
 
@@ -23,8 +25,8 @@ func TestStoppableRefusesTheAgentsOwnCgroups(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(self, "cgroup"), []byte(hybrid), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	e := &enforcement{a: &Agent{nsRoot: "/"}}
-	e.a.cfg.Paths.Proc = proc
+	r := &breaches{a: &Agent{nsRoot: "/"}}
+	r.a.cfg.Paths.Proc = proc
 	for path, refused := range map[string]bool{
 		"/":                                 true,
 		"":                                  true,
@@ -34,7 +36,7 @@ func TestStoppableRefusesTheAgentsOwnCgroups(t *testing.T) {
 		"/system.slice/gpuwarden.servicex":  false,
 		"/kubepods/besteffort/pod1/ctr":     false,
 	} {
-		if err := e.stoppable(path); (err != nil) != refused {
+		if err := r.stoppable(path); (err != nil) != refused {
 			t.Errorf("stoppable(%q) = %v, want refused %v", path, err, refused)
 		}
 	}
@@ -45,11 +47,11 @@ func TestFreshBreaches(t *testing.T) {
 	var w breachWatch
 	w.init()
 	view := func(reasons ...string) *collector.View {
-		c := collector.ContainerDevice{CgroupPath: "/a"}
+		c := agentapi.ContainerDevice{CgroupPath: "/a"}
 		for _, r := range reasons {
-			c.Breaches = append(c.Breaches, collector.Breach{Reason: r})
+			c.Breaches = append(c.Breaches, agentapi.Breach{Reason: r})
 		}
-		return &collector.View{Containers: []collector.ContainerDevice{c}}
+		return &collector.View{Containers: []agentapi.ContainerDevice{c}}
 	}
 	reasons := func(fs []breachAt) string {
 		var out []string

@@ -5,9 +5,14 @@ import (
 	"net/http"
 	"net/http/pprof"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+
 	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/gpuwarden/gpuwarden/enforcer/control"
 )
 
 func (a *Agent) mux() *http.ServeMux {
@@ -25,21 +30,11 @@ func (a *Agent) mux() *http.ServeMux {
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	a.coll.RegisterAPI(mux)
 	if e := a.enf.Load(); e != nil {
-		tok, err := makeToken(a.cfg.Enforcement.APITokenFile)
-		if err != nil {
+		if err := control.Register(mux, a.cfg.Enforcement.APITokenFile, e, a.breaches); err != nil {
 			a.log.Error("the change API is off: no token", "err", err)
-		} else {
-			e.register(mux, tok)
 		}
 	}
 	return mux
-}
-
-// ReadyResponse is GET /readyz: which parts are up. It answers 503 while an
-// enabled part is down.
-type ReadyResponse struct {
-	Ready bool                 `json:"ready"`
-	Parts map[string]PartState `json:"parts"`
 }
 
 func (a *Agent) readyz(w http.ResponseWriter, _ *http.Request) {
@@ -49,7 +44,7 @@ func (a *Agent) readyz(w http.ResponseWriter, _ *http.Request) {
 	if !ready {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}
-	_ = json.NewEncoder(w).Encode(ReadyResponse{Ready: ready, Parts: p})
+	_ = json.NewEncoder(w).Encode(agentapi.ReadyResponse{Ready: ready, Parts: p})
 }
 
 // slogAdapter lets promhttp log through the agent's logger.

@@ -3,28 +3,23 @@ package agent
 import (
 	"sort"
 	"sync"
-)
 
-// PartState is one part's state on /readyz.
-type PartState struct {
-	Enabled bool   `json:"enabled"`
-	Up      bool   `json:"up"`
-	Error   string `json:"error,omitempty"`
-}
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+)
 
 // parts records which parts are up.
 type parts struct {
 	mu sync.Mutex
-	m  map[string]PartState
+	m  map[string]agentapi.PartState
 }
 
 func (p *parts) set(name string, enabled bool, err error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.m == nil {
-		p.m = map[string]PartState{}
+		p.m = map[string]agentapi.PartState{}
 	}
-	s := PartState{Enabled: enabled, Up: enabled && err == nil}
+	s := agentapi.PartState{Enabled: enabled, Up: enabled && err == nil}
 	if err != nil {
 		s.Error = err.Error()
 	}
@@ -32,10 +27,10 @@ func (p *parts) set(name string, enabled bool, err error) {
 }
 
 // snapshot returns the parts and whether every enabled one is up.
-func (p *parts) snapshot() (map[string]PartState, bool) {
+func (p *parts) snapshot() (map[string]agentapi.PartState, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	out := make(map[string]PartState, len(p.m))
+	out := make(map[string]agentapi.PartState, len(p.m))
 	ready := true
 	names := make([]string, 0, len(p.m))
 	for n := range p.m {

@@ -53,8 +53,8 @@ func (a *Agent) startSweeping(resolver *cgroups.Resolver) {
 			if len(removed) > 0 {
 				a.log.Info("removed the control directories of containers that are gone", "dirs", removed)
 			}
-			if e := a.enf.Load(); e != nil {
-				err := e.settings.prune(func(dir string) bool {
+			if a.settings != nil {
+				err := a.settings.Prune(func(dir string) bool {
 					_, err := os.Lstat(filepath.Join(a.cfg.ControlDir, dir))
 					return err == nil
 				})

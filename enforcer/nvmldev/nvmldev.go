@@ -1,5 +1,11 @@
 // Package nvmldev reads the node's GPUs through NVML (go-nvml): memory,
 // utilization, and which processes use each device.
+//
+// The scheduler (busy time), the collector (device metrics), the device
+// plugin (the device list) and smi all read it. It sits in enforcer/, beside
+// the control-block ABI, because enforcer/ is the lowest layer those share:
+// the collector and the device plugin import enforcer/ already, and the
+// enforcer must import nothing of the collector.
 package nvmldev
 
 import (

@@ -1,35 +1,53 @@
-package agent
+// Package membership puts every container that runs the interposer under
+// the scheduler: it adopts each verified ledger's directory (creating its
+// `limits`, so the interposer switches to the agent's budgets), keeps each
+// container's settings, and applies the changes `gpuwarden ctl` makes.
+package membership
 
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"time"
 
-	"github.com/gpuwarden/gpuwarden/collector"
-	"github.com/gpuwarden/gpuwarden/collector/cgroups"
-	"github.com/gpuwarden/gpuwarden/collector/claims"
-	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
 	"github.com/gpuwarden/gpuwarden/enforcer/policy"
 	"github.com/gpuwarden/gpuwarden/enforcer/scheduler"
+	"github.com/gpuwarden/gpuwarden/enforcer/settings"
 )
 
-// enforcement puts every container that runs the interposer under the
-// scheduler (creating its `limits`, so the interposer switches to the
-// agent's budgets), applies the changes `gpuwarden ctl` makes, and reports,
-// freezes or kills containers in breach.
-type enforcement struct {
-	a        *Agent
-	s        *scheduler.Scheduler
-	resolver *cgroups.Resolver
-	claims   *claims.Verifier
-	cgroupFS string
-	settings *settingsStore
-	pods     *podAnnotations // nil off Kubernetes
+// Config is what enforcement needs from the rest of the agent.
+type Config struct {
+	ControlDir  string
+	GracePeriod time.Duration // the interposer's grace before a gate closes
+	MaxInst     int           // the default max_inst of every GPU
+	Settings    *settings.Store
+	// NVML measures device time per launch; nil: not measured.
+	NVML *nvmldev.Reader
+	// Verify says which cgroup a container's ledger speaks for (the same
+	// rule as the collector's), or why it speaks for none.
+	Verify func(dir string, u *controlblock.UsageSnapshot) (cgroupPath string, err error)
+	// Alive says whether a cgroup still exists.
+	Alive func(cgroup uint64) bool
+	// CgroupOf gives a host process's cgroup path, in the host's tree.
+	CgroupOf func(pid int) (string, error)
+	// PodContainer finds the cgroup of a container named
+	// namespace/pod/container; nil off Kubernetes.
+	PodContainer func(name string) (cgroup uint64, ok bool)
+	// SetSlots gives the device plugin's GPU dev (NVML's index, -1: not on
+	// the node) n slots, or says why not; nil without a device plugin.
+	SetSlots func(ctx context.Context, dev, n int) error
+	Log      *slog.Logger
+}
+
+// Enforcement is the containers under the scheduler.
+type Enforcement struct {
+	cfg Config
+	s   *scheduler.Scheduler
 	// node lists the node's GPUs by UUID, in NVML's index order; nil
 	// without NVML (a ledger's UUIDs are then taken as they are).
 	node func() ([]string, error)
@@ -37,7 +55,6 @@ type enforcement struct {
 	mu       sync.Mutex
 	members  map[string]*member // by control-block directory
 	unmapped map[string]bool    // directories already logged for a GPU of unknown UUID
-	breaches breachWatch
 	stop     context.CancelFunc
 	done     chan struct{}
 }
@@ -51,56 +68,53 @@ type member struct {
 	usage   *controlblock.UsageFile
 	used    []int // ordinals it holds memory on
 	devices []scheduler.Device
-	// annotated is what the pod's annotations last set (zero: none yet).
-	annotated scheduler.Settings
+	// applied is the compute settings last given to the scheduler.
+	applied scheduler.Settings
+	// badAnnotations is the fault last logged in its pod's annotations.
+	badAnnotations string
 }
 
-func (a *Agent) startEnforcement(resolver *cgroups.Resolver, verifier *claims.Verifier, cgroupFS string, pods *podAnnotations) *enforcement {
-	store, err := loadSettings(a.cfg.Enforcement.StateFile)
-	if err != nil {
-		a.parts.set("enforcer", true, err)
-		a.log.Error("enforcer not started: its saved settings cannot be read", "err", err)
-		return nil
-	}
-	e := &enforcement{a: a, resolver: resolver, claims: verifier, cgroupFS: cgroupFS, settings: store, pods: pods,
-		members: map[string]*member{}, unmapped: map[string]bool{}, done: make(chan struct{})}
-	e.breaches.init()
+// Start starts the scheduler with the saved GPU settings and takes in
+// containers until Close.
+func Start(cfg Config) *Enforcement {
+	e := &Enforcement{cfg: cfg, members: map[string]*member{}, unmapped: map[string]bool{}, done: make(chan struct{})}
 	var src scheduler.Source
-	if a.cfg.NVML.Enabled {
-		if r, err := nvmldev.Open(a.cfg.NVML.Library); err == nil {
-			src = scheduler.NewNVMLSource(r, e.keyOfPid)
-			e.node = r.UUIDs
-			a.closers = append(a.closers, r.Close)
-		} else {
-			a.log.Warn("enforcer without NVML: device time per launch is not measured", "err", err)
-		}
+	if cfg.NVML != nil {
+		src = scheduler.NewNVMLSource(cfg.NVML, e.keyOfPid)
+		e.node = cfg.NVML.UUIDs
 	}
 	// Claims and throttled time change slowly: their ledgers are read every 2 s.
-	e.s = scheduler.New(scheduler.Config{Source: src, Ledger: 2 * time.Second, MaxInst: a.cfg.DevicePlugin.MaxInst})
-	node, _ := e.nodeGPUs()
-	saved, unknown := store.gpus(node)
+	e.s = scheduler.New(scheduler.Config{Source: src, Ledger: 2 * time.Second, MaxInst: cfg.MaxInst})
+	node, _ := e.NodeGPUs()
+	saved, unknown := cfg.Settings.GPUSettings(node)
 	if len(unknown) > 0 {
-		a.log.Warn("saved settings of GPUs by index dropped: NVML does not name those GPUs", "gpus", unknown)
+		cfg.Log.Warn("saved settings of GPUs by index dropped: NVML does not name those GPUs", "gpus", unknown)
 	}
 	for uuid, g := range saved {
 		if err := e.s.SetGPU(uuid, g); err != nil {
-			a.log.Warn("saved GPU settings refused", "gpu", uuid, "err", err)
+			cfg.Log.Warn("saved GPU settings refused", "gpu", uuid, "err", err)
 		}
-		if err := a.setSlots(context.Background(), slices.Index(node, uuid), g.MaxInst); err != nil {
-			a.log.Warn("saved max_inst not given to the device plugin", "gpu", uuid, "err", err)
+		if err := e.setSlots(context.Background(), slices.Index(node, uuid), g.MaxInst); err != nil {
+			cfg.Log.Warn("saved max_inst not given to the device plugin", "gpu", uuid, "err", err)
 		}
 	}
 	e.s.Start()
 	ctx, cancel := context.WithCancel(context.Background())
 	e.stop = cancel
 	go e.loop(ctx)
-	a.parts.set("enforcer", true, nil)
-	a.closers = append(a.closers, e.close)
 	return e
 }
 
-// nodeGPUs lists the node's GPUs by UUID (nil without NVML).
-func (e *enforcement) nodeGPUs() ([]string, error) {
+// setSlots gives the device plugin, when there is one, a GPU's slots.
+func (e *Enforcement) setSlots(ctx context.Context, dev, n int) error {
+	if e.cfg.SetSlots == nil {
+		return nil
+	}
+	return e.cfg.SetSlots(ctx, dev, n)
+}
+
+// NodeGPUs lists the node's GPUs by UUID (nil without NVML).
+func (e *Enforcement) NodeGPUs() ([]string, error) {
 	if e.node == nil {
 		return nil, nil
 	}
@@ -108,12 +122,11 @@ func (e *enforcement) nodeGPUs() ([]string, error) {
 }
 
 // keyOfPid names the container a host process belongs to, by its cgroup.
-func (e *enforcement) keyOfPid(pid uint32) (string, bool) {
-	path, err := cgroups.OfProcess(e.a.cfg.Paths.Proc, int(pid))
+func (e *Enforcement) keyOfPid(pid uint32) (string, bool) {
+	path, err := e.cfg.CgroupOf(int(pid))
 	if err != nil {
 		return "", false
 	}
-	path = cgroups.HostPath(e.a.nsRoot, path)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, m := range e.members {
@@ -124,20 +137,12 @@ func (e *enforcement) keyOfPid(pid uint32) (string, bool) {
 	return "", false
 }
 
-func (e *enforcement) loop(ctx context.Context) {
+func (e *Enforcement) loop(ctx context.Context) {
 	defer close(e.done)
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
-	// New containers are taken on every round; breaches and annotations,
-	// which need the whole view (a scrape's work: 70 ms of CPU at 1,000
-	// containers), every 8th.
-	for round := 0; ; round++ {
+	for {
 		e.discover()
-		if round%8 == 0 {
-			v := e.a.coll.View(ctx)
-			e.applyAnnotations(ctx, v)
-			e.checkBreaches(v)
-		}
 		select {
 		case <-ctx.Done():
 			return
@@ -148,24 +153,24 @@ func (e *enforcement) loop(ctx context.Context) {
 
 // discover adds every container whose ledger is new and verified and
 // removes those that are gone.
-func (e *enforcement) discover() {
-	dirs, _ := os.ReadDir(e.a.cfg.ControlDir)
+func (e *Enforcement) discover() {
+	dirs, _ := os.ReadDir(e.cfg.ControlDir)
 	seen := map[string]bool{}
 	// The node's GPUs are listed once a round, when a container needs them.
-	nodeGPUs := sync.OnceValues(e.nodeGPUs)
+	nodeGPUs := sync.OnceValues(e.NodeGPUs)
 	for _, d := range dirs {
 		if !d.IsDir() {
 			continue
 		}
 		seen[d.Name()] = true
 		if err := e.track(d.Name(), nodeGPUs); err != nil {
-			e.a.log.Debug("not enforcing", "dir", d.Name(), "err", err)
+			e.cfg.Log.Debug("not enforcing", "dir", d.Name(), "err", err)
 		}
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for dir, m := range e.members {
-		if _, alive := e.resolver.Path(m.cgroup); !seen[dir] || !alive {
+		if !seen[dir] || !e.cfg.Alive(m.cgroup) {
 			e.dropLocked(m)
 		}
 	}
@@ -176,18 +181,17 @@ func (e *enforcement) discover() {
 	}
 }
 
-func (e *enforcement) track(dir string, nodeGPUs func() ([]string, error)) error {
+func (e *Enforcement) track(dir string, nodeGPUs func() ([]string, error)) error {
 	if e.unchanged(dir) {
 		return nil
 	}
-	cd := e.a.cfg.ControlDir
-	u, err := controlblock.ReadUsage(controlblock.UsagePath(cd, dir))
+	u, err := controlblock.ReadUsage(controlblock.UsagePath(e.cfg.ControlDir, dir))
 	if err != nil {
 		return err
 	}
 	// A ledger is the container's word: the same rule as the collector's
 	// decides whether it speaks for the cgroup it names.
-	path, err := e.claims.Verify(dir, u, e.a.coll.Assigned())
+	path, err := e.cfg.Verify(dir, u)
 	if err != nil {
 		return fmt.Errorf("cgroup claim refused: %w", err)
 	}
@@ -213,7 +217,7 @@ func (e *enforcement) track(dir string, nodeGPUs func() ([]string, error)) error
 	defer e.mu.Unlock()
 	if len(unknown) > 0 && !e.unmapped[dir] {
 		e.unmapped[dir] = true
-		e.a.log.Warn("not scheduled on GPUs its ledger names no UUID for (an old interposer?)", "container", dir, "ordinals", unknown)
+		e.cfg.Log.Warn("not scheduled on GPUs its ledger names no UUID for (an old interposer?)", "container", dir, "ordinals", unknown)
 	}
 	if m := e.members[dir]; m != nil {
 		if m.cgroup == u.CgroupID && slices.Equal(m.used, used) && slices.Equal(m.devices, devices) {
@@ -229,12 +233,13 @@ func (e *enforcement) track(dir string, nodeGPUs func() ([]string, error)) error
 		return err
 	}
 	m.cgroup, m.path, m.used, m.devices = u.CgroupID, path, used, devices
-	if err := e.s.AddContainer(dir, m.limits, m.usage, devices, e.settings.container(dir)); err != nil {
+	m.applied = settings.Resolve(e.cfg.Settings.Compute(dir), nil) // its pod's annotations come with the next view
+	if err := e.s.AddContainer(dir, m.limits, m.usage, devices, m.applied); err != nil {
 		m.close()
 		return err
 	}
 	e.members[dir] = m
-	e.a.log.Info("enforcing", "container", dir, "cgroup", path, "devices", devices)
+	e.cfg.Log.Info("enforcing", "container", dir, "cgroup", path, "devices", devices)
 	return nil
 }
 
@@ -242,7 +247,7 @@ func (e *enforcement) track(dir string, nodeGPUs func() ([]string, error)) error
 // same devices, read from its mapped ledger: re-reading every ledger twice
 // a second would cost more than the scheduling itself. One that uses a GPU
 // of unknown UUID is read again, until its ledger names it.
-func (e *enforcement) unchanged(dir string) bool {
+func (e *Enforcement) unchanged(dir string) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	m := e.members[dir]
@@ -262,19 +267,17 @@ func (e *enforcement) unchanged(dir string) bool {
 }
 
 // open adopts a container's directory and maps its files, making `limits`
-// from the quota its environment claims when the agent has not made one.
-func (e *enforcement) open(dir string, u *controlblock.UsageSnapshot) (*member, error) {
-	cd := e.a.cfg.ControlDir
+// from the quota its environment claims when there is none yet.
+func (e *Enforcement) open(dir string, u *controlblock.UsageSnapshot) (*member, error) {
+	cd := e.cfg.ControlDir
 	cfg := controlblock.LimitsConfig{NDev: uint32(u.NDev)}
-	if u.ClaimMemorySet {
-		cfg.MemLimit = u.ClaimMemLimit
-	}
+	cfg.MemLimit, _ = controlblock.MemoryLimits(nil, u)
 	lf, err := controlblock.AdoptLimits(controlblock.LimitsPath(cd, dir), cfg)
 	if err != nil {
 		return nil, err
 	}
-	grace := uint64(e.a.cfg.Enforcement.GracePeriod)
-	mem, memSet := e.settings.memory(dir)
+	grace := uint64(e.cfg.GracePeriod)
+	mem, memSet := e.cfg.Settings.Memory(dir)
 	lf.Update(func(c *controlblock.LimitsConfig) {
 		c.GraceNs = grace
 		if memSet {
@@ -289,11 +292,11 @@ func (e *enforcement) open(dir string, u *controlblock.UsageSnapshot) (*member, 
 	return &member{dir: dir, limits: lf, usage: uf}, nil
 }
 
-func (e *enforcement) dropLocked(m *member) {
+func (e *Enforcement) dropLocked(m *member) {
 	_ = e.s.RemoveContainer(m.dir)
 	m.close()
 	delete(e.members, m.dir)
-	e.a.log.Info("no longer enforcing", "container", m.dir)
+	e.cfg.Log.Info("no longer enforcing", "container", m.dir)
 }
 
 func (m *member) close() {
@@ -301,37 +304,42 @@ func (m *member) close() {
 	m.usage.Close()
 }
 
-// targets gives the collector each container's target share per device.
-func (e *enforcement) targets() map[collector.GPUKey]float64 {
+// GPUKey is a container's cgroup and one of its GPUs.
+type GPUKey struct {
+	Cgroup uint64
+	UUID   string
+}
+
+// Targets gives each container's target share per device.
+func (e *Enforcement) Targets() map[GPUKey]float64 {
 	return perContainer(e, func(st scheduler.Status) (float64, bool) {
 		return st.Target, st.Target > 0 && st.Policy != policy.Native
 	})
 }
 
-// held gives the collector the share each container may not exceed: held
-// to by the gate, with no borrowing (soft) or priority to take more.
-func (e *enforcement) held() map[collector.GPUKey]float64 {
+// Held gives the share each container may not exceed: held to by the gate,
+// with no borrowing (soft) or priority to take more.
+func (e *Enforcement) Held() map[GPUKey]float64 {
 	return perContainer(e, func(st scheduler.Status) (float64, bool) {
 		return st.Target, st.Gated && st.Policy != policy.Soft && !st.High && st.Target > 0 && st.Target < 1
 	})
 }
 
-// rewinds gives the collector how many times the scheduler saw each
-// container's launch tickets go back, per device.
-func (e *enforcement) rewinds() map[collector.GPUKey]uint64 {
+// Rewinds gives how many times the scheduler saw each container's launch
+// tickets go back, per device.
+func (e *Enforcement) Rewinds() map[GPUKey]uint64 {
 	return perContainer(e, func(st scheduler.Status) (uint64, bool) { return st.Rewinds, true })
 }
 
 // perContainer keys what pick takes from each container's scheduler status
-// (where it says to keep it) by the container's cgroup and device, as the
-// collector knows them.
-func perContainer[T any](e *enforcement, pick func(scheduler.Status) (T, bool)) map[collector.GPUKey]T {
-	out := map[collector.GPUKey]T{}
+// (where it says to keep it) by the container's cgroup and device.
+func perContainer[T any](e *Enforcement, pick func(scheduler.Status) (T, bool)) map[GPUKey]T {
+	out := map[GPUKey]T{}
 	byKey := e.cgroups()
 	for _, st := range e.s.Status() {
 		if cg, ok := byKey[st.Key]; ok {
 			if v, keep := pick(st); keep {
-				out[collector.GPUKey{Cgroup: cg, UUID: st.GPU}] = v
+				out[GPUKey{Cgroup: cg, UUID: st.GPU}] = v
 			}
 		}
 	}
@@ -339,7 +347,7 @@ func perContainer[T any](e *enforcement, pick func(scheduler.Status) (T, bool)) 
 }
 
 // cgroups maps each member's directory to its cgroup id.
-func (e *enforcement) cgroups() map[string]uint64 {
+func (e *Enforcement) cgroups() map[string]uint64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	byKey := make(map[string]uint64, len(e.members))
@@ -349,10 +357,12 @@ func (e *enforcement) cgroups() map[string]uint64 {
 	return byKey
 }
 
-func (e *enforcement) close() error {
+// Close stops taking in containers and stops the scheduler, which lifts
+// every gate: workloads go on without the agent.
+func (e *Enforcement) Close() error {
 	e.stop()
 	<-e.done
-	e.s.Stop() // lifts every gate: workloads go on without the agent
+	e.s.Stop()
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, m := range e.members {
@@ -361,6 +371,3 @@ func (e *enforcement) close() error {
 	e.members = map[string]*member{}
 	return nil
 }
-
-// cgroupDir is a cgroup's directory in the cgroup2 filesystem.
-func (e *enforcement) cgroupDir(path string) string { return filepath.Join(e.cgroupFS, path) }

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpuwarden/gpuwarden/collector/nvmldev"
+	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
 

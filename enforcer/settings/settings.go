@@ -1,4 +1,6 @@
-package agent
+// Package settings keeps what `gpuwarden ctl` changed, in a file, so that
+// the changes outlive an agent restart.
+package settings
 
 import (
 	"encoding/json"
@@ -13,29 +15,31 @@ import (
 	"github.com/gpuwarden/gpuwarden/enforcer/scheduler"
 )
 
-// settingsStore keeps what `gpuwarden ctl` changed, in a file, so that the
-// changes outlive an agent restart.
-type settingsStore struct {
+// Store is the saved settings of containers and GPUs.
+type Store struct {
 	path string
 
 	mu         sync.Mutex
-	Containers map[string]savedContainer `json:"containers"` // by control-block directory
-	GPUs       map[string]savedGPU       `json:"gpus"`       // by UUID (files before UUIDs: by NVML index)
+	Containers map[string]Container `json:"containers"` // by control-block directory
+	GPUs       map[string]GPU       `json:"gpus"`       // by UUID (files before UUIDs: by NVML index)
 }
 
-type savedContainer struct {
+// Container is what ctl set for one container.
+type Container struct {
 	Compute *scheduler.Settings              `json:"compute,omitempty"`
 	Memory  *[controlblock.MaxDevices]uint64 `json:"memoryLimit,omitempty"`
 }
 
-type savedGPU struct {
+// GPU is what ctl set for one GPU.
+type GPU struct {
 	Policy    policy.Policy `json:"policy"`
 	PolicySet bool          `json:"policySet"`
 	MaxInst   int           `json:"maxInst"`
 }
 
-func loadSettings(path string) (*settingsStore, error) {
-	s := &settingsStore{path: path, Containers: map[string]savedContainer{}, GPUs: map[string]savedGPU{}}
+// Load reads the store at path; a missing file is an empty store.
+func Load(path string) (*Store, error) {
+	s := &Store{path: path, Containers: map[string]Container{}, GPUs: map[string]GPU{}}
 	b, err := os.ReadFile(path)
 	if os.IsNotExist(err) {
 		return s, nil
@@ -47,32 +51,40 @@ func loadSettings(path string) (*settingsStore, error) {
 		return nil, fmt.Errorf("settings %s: %w", path, err)
 	}
 	if s.Containers == nil {
-		s.Containers = map[string]savedContainer{}
+		s.Containers = map[string]Container{}
 	}
 	if s.GPUs == nil {
-		s.GPUs = map[string]savedGPU{}
+		s.GPUs = map[string]GPU{}
 	}
 	return s, nil
 }
 
-// container returns a container's compute settings: those ctl set, else
-// what its environment claims.
-func (s *settingsStore) container(dir string) scheduler.Settings {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if c := s.Containers[dir].Compute; c != nil {
-		return *c
+// Resolve is the compute settings a container is held to: what ctl set,
+// else what its pod's annotations set, else what its environment claims
+// (nil: not set there).
+func Resolve(ctl, annotations *scheduler.Settings) scheduler.Settings {
+	switch {
+	case ctl != nil:
+		return *ctl
+	case annotations != nil:
+		return *annotations
 	}
 	return scheduler.Settings{FromClaims: true}
 }
 
-func (s *settingsStore) hasCompute(dir string) bool {
+// Compute returns the compute settings ctl set for a container; nil: none.
+func (s *Store) Compute(dir string) *scheduler.Settings {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.Containers[dir].Compute != nil
+	if c := s.Containers[dir].Compute; c != nil {
+		st := *c
+		return &st
+	}
+	return nil
 }
 
-func (s *settingsStore) memory(dir string) ([controlblock.MaxDevices]uint64, bool) {
+// Memory returns the memory limits ctl set for the container, if it did.
+func (s *Store) Memory(dir string) ([controlblock.MaxDevices]uint64, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if m := s.Containers[dir].Memory; m != nil {
@@ -81,10 +93,10 @@ func (s *settingsStore) memory(dir string) ([controlblock.MaxDevices]uint64, boo
 	return [controlblock.MaxDevices]uint64{}, false
 }
 
-// gpus returns the saved GPU settings by UUID. A file written before GPUs
+// GPUSettings returns the saved GPU settings by UUID. A file written before GPUs
 // were known by UUID keys them by NVML index: node (the node's UUIDs by
 // index) names them; those it cannot name are returned in unknown.
-func (s *settingsStore) gpus(node []string) (out map[string]scheduler.GPUSettings, unknown []string) {
+func (s *Store) GPUSettings(node []string) (out map[string]scheduler.GPUSettings, unknown []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out = map[string]scheduler.GPUSettings{}
@@ -104,18 +116,18 @@ func (s *settingsStore) gpus(node []string) (out map[string]scheduler.GPUSetting
 	return out, unknown
 }
 
-// gpu returns one GPU's saved settings.
-func (s *settingsStore) gpu(uuid string) scheduler.GPUSettings {
+// GPU returns one GPU's saved settings.
+func (s *Store) GPU(uuid string) scheduler.GPUSettings {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	g := s.GPUs[uuid]
 	return scheduler.GPUSettings{Policy: g.Policy, PolicySet: g.PolicySet, MaxInst: g.MaxInst}
 }
 
-// prune forgets the settings of containers whose control directories are
+// Prune forgets the settings of containers whose control directories are
 // gone (exists says which are there), so the store does not grow with every
 // container that ever ran.
-func (s *settingsStore) prune(exists func(dir string) bool) error {
+func (s *Store) Prune(exists func(dir string) bool) error {
 	s.mu.Lock()
 	var gone []string
 	for dir := range s.Containers {
@@ -127,7 +139,7 @@ func (s *settingsStore) prune(exists func(dir string) bool) error {
 	if len(gone) == 0 {
 		return nil
 	}
-	return s.update(func(s *settingsStore) {
+	return s.Update(func(s *Store) {
 		for _, dir := range gone {
 			if !exists(dir) { // not made again since
 				delete(s.Containers, dir)
@@ -136,8 +148,8 @@ func (s *settingsStore) prune(exists func(dir string) bool) error {
 	})
 }
 
-// update changes the store and writes it out (atomically, root only).
-func (s *settingsStore) update(change func(*settingsStore)) error {
+// Update changes the store and writes it out (atomically, root only).
+func (s *Store) Update(change func(*Store)) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	change(s)

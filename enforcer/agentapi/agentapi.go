@@ -1,0 +1,195 @@
+// Package agentapi holds what the agent's HTTP API exchanges with
+// `gpuwarden smi`, `gpuwarden ctl` and other clients: the collector's read
+// API (containers, devices), the enforcer's change API (container and GPU
+// settings, events) and /readyz. The collector and the enforcer both fill
+// these types, so they live in enforcer/, which the collector already
+// imports and which imports nothing of the collector.
+package agentapi
+
+import (
+	"strconv"
+	"strings"
+	"time"
+)
+
+// ContainersResponse is GET /api/v1/containers.
+type ContainersResponse struct {
+	Node       string            `json:"node"`
+	Time       time.Time         `json:"time"`
+	Containers []ContainerDevice `json:"containers"`
+	Sources    []SourceState     `json:"sources"`
+	BadLedgers []BadLedger       `json:"badLedgers,omitempty"`
+}
+
+// DevicesResponse is GET /api/v1/devices.
+type DevicesResponse struct {
+	Node    string    `json:"node"`
+	Time    time.Time `json:"time"`
+	Devices []Device  `json:"devices"`
+}
+
+// ContainerDevice is one container's use of one GPU.
+type ContainerDevice struct {
+	Node       string `json:"node"`
+	GPU        int    `json:"gpu"` // NVML's index; -1 (collector.NoGPU): a GPU of unknown UUID
+	UUID       string `json:"uuid"`
+	Namespace  string `json:"namespace"`
+	Pod        string `json:"pod"`
+	Container  string `json:"container"`
+	CgroupID   uint64 `json:"cgroupId"`
+	CgroupPath string `json:"cgroupPath"`
+
+	// Enforced: the interposer keeps a ledger for the container.
+	// Unenforced: the container is in breach (Breaches says why): GPU
+	// activity without a ledger, or a ledger that what the node saw
+	// contradicts.
+	Enforced     bool     `json:"enforced"`
+	Unenforced   bool     `json:"unenforced"`
+	Breaches     []Breach `json:"breaches,omitempty"`
+	HighPriority bool     `json:"highPriority"`
+
+	MemoryUsedBytes uint64 `json:"memoryUsedBytes"`
+	// MemorySource says where MemoryUsedBytes comes from: ebpf, nvml or ledger.
+	MemorySource     string `json:"memorySource"`
+	MemoryLimitBytes uint64 `json:"memoryLimitBytes"` // 0: no quota
+	LedgerBytes      uint64 `json:"ledgerBytes"`      // reserved in the interposer's ledger
+
+	AllocFailuresQuota  uint64  `json:"allocFailuresQuota"`
+	AllocFailuresDevice uint64  `json:"allocFailuresDevice"`
+	Launches            float64 `json:"launches"`
+	LaunchesExact       bool    `json:"launchesExact"`
+	ThrottledSeconds    float64 `json:"throttledSeconds"`
+	ComputeShare        float64 `json:"computeShare"` // 0-1, measured
+	ComputeLimit        float64 `json:"computeLimit"` // 0-1 target; 0: none
+
+	PIDs []int `json:"pids"`
+}
+
+// Device is one GPU's totals.
+type Device struct {
+	Node             string  `json:"node"`
+	Index            int     `json:"index"`
+	UUID             string  `json:"uuid"`
+	Name             string  `json:"name"`
+	MemoryTotalBytes uint64  `json:"memoryTotalBytes"`
+	MemoryUsedBytes  uint64  `json:"memoryUsedBytes"`
+	Utilization      float64 `json:"utilization"`
+}
+
+// SourceState says whether a source answered the last read.
+type SourceState struct {
+	Name  string `json:"name"`
+	OK    bool   `json:"ok"`
+	Error string `json:"error,omitempty"`
+}
+
+// BadLedger is a control directory whose ledger the agent refused: not a
+// regular file of the ABI's size (a symlink, a FIFO, a device, truncated),
+// or not a ledger. Its container wrote it: the fault is the container's.
+type BadLedger struct {
+	Dir   string `json:"dir"`
+	Error string `json:"error"`
+}
+
+// Breach is one reason a container is in breach, with what shows it.
+type Breach struct {
+	Reason   string `json:"reason"`
+	Evidence string `json:"evidence"`
+	// Procs are the offending processes when the breach names them;
+	// empty: the whole cgroup.
+	Procs []Process `json:"processes,omitempty"`
+}
+
+// Process is a host process, told from a later one with its pid by its
+// start time (clock ticks since boot).
+type Process struct {
+	PID       int    `json:"pid"`
+	StartTime uint64 `json:"startTime"`
+}
+
+// ContainerChange is POST /api/v1/containers/{container}/settings. Absent
+// fields stay as they are. {container} is the control-block directory, the
+// cgroup path, or namespace/pod/container.
+type ContainerChange struct {
+	MemoryLimit  *string `json:"memoryLimit,omitempty"`  // GPUWARDEN_MEMORY_LIMIT's syntax: "6Gi", "3Gi,4Gi"; "0": none
+	Weight       *int    `json:"weight,omitempty"`       // 1-policy.MaxWeight
+	ComputeLimit *int    `json:"computeLimit,omitempty"` // percent 0-100; 0: none
+	Priority     *string `json:"priority,omitempty"`     // high or normal
+}
+
+// GPUChange is POST /api/v1/gpus/{gpu}/settings; {gpu} is NVML's index or
+// the GPU's UUID.
+type GPUChange struct {
+	Policy  *string `json:"policy,omitempty"`  // 0-5 or fair-share, preemptive, weighted, fixed, soft, native
+	MaxInst *int    `json:"maxInst,omitempty"` // 1-128: the scheduler's max_inst and the device plugin's slots
+}
+
+// GPUInfo is a GPU's scheduling state: GET /api/v1/gpus (every GPU with
+// containers or settings) and /api/v1/gpus/{gpu}, and a GPU change's answer.
+type GPUInfo struct {
+	Index      int    `json:"index"` // NVML's; -1: not on the node, or NVML off
+	UUID       string `json:"uuid"`
+	Policy     string `json:"policy"` // in force
+	PolicySet  bool   `json:"policySet"`
+	MaxInst    int    `json:"maxInst"`
+	FreeWeight int    `json:"freeWeight"` // cGPU's free_weight: max_inst less its containers' weights
+	Containers int    `json:"containers"`
+}
+
+// ChangeResult is every change's answer. InForce lists the shares the
+// scheduler holds the containers on the GPUs concerned to once the change
+// is made: a
+// change is in force when the answer comes (grants follow on the next
+// tick, 5 ms); metrics show it within the collector's 1 s view.
+type ChangeResult struct {
+	Container string    `json:"container,omitempty"`
+	Warnings  []string  `json:"warnings,omitempty"`
+	InForce   []InForce `json:"inForce,omitempty"`
+	GPU       *GPUInfo  `json:"gpu,omitempty"` // a GPU change's GPU
+}
+
+// InForce is one container's share on one GPU.
+type InForce struct {
+	Container string  `json:"container"`
+	GPU       string  `json:"gpu"` // UUID
+	Policy    string  `json:"policy"`
+	Target    float64 `json:"target"`
+}
+
+// Event is something the enforcer saw or did, for /api/v1/events.
+type Event struct {
+	Time      time.Time `json:"time"`
+	Kind      string    `json:"kind"` // breach, frozen, killed, unfrozen
+	Reason    string    `json:"reason,omitempty"`
+	Cgroup    string    `json:"cgroup"`
+	Namespace string    `json:"namespace,omitempty"`
+	Pod       string    `json:"pod,omitempty"`
+	Container string    `json:"container,omitempty"`
+	GPU       int       `json:"gpu"`
+	PIDs      []int     `json:"pids,omitempty"`
+	Message   string    `json:"message"`
+}
+
+// ReadyResponse is GET /readyz: which parts are up. It answers 503 while an
+// enabled part is down.
+type ReadyResponse struct {
+	Ready bool                 `json:"ready"`
+	Parts map[string]PartState `json:"parts"`
+}
+
+// PartState is one part's state on /readyz.
+type PartState struct {
+	Enabled bool   `json:"enabled"`
+	Up      bool   `json:"up"`
+	Error   string `json:"error,omitempty"`
+}
+
+// Quote quotes a name taken from a request for an answer, cut to 64 bytes,
+// so an answer never repeats much of what a client sent.
+func Quote(s string) string {
+	const most = 64
+	if len(s) <= most {
+		return strconv.Quote(s)
+	}
+	return strconv.Quote(strings.ToValidUTF8(s[:most], "")) + "..."
+}
