@@ -292,19 +292,10 @@ func TestChartOnRealNode(t *testing.T) {
 		// has the setting, and the pods that ran through it keep their quota.
 		{"restart", func(t *testing.T) {
 			old := c.agentPod(t, "")
-			// w1 named by its cgroup, as smi shows it.
-			var cgroup string
-			cs, err := smiContainers(filepath.Join(root, "bin", "gpuwarden"), agent)
-			if err != nil {
-				t.Fatal(err)
-			}
-			for _, ct := range cs {
-				if ct["namespace"] == podNamespace && ct["pod"] == "w1" {
-					cgroup, _ = ct["cgroupPath"].(string)
-				}
-			}
+			// w1 named as users name it: namespace/pod/container.
+			target := podNamespace + "/w1/main"
 			if out, err := c.kubectlOut("exec", "-n", namespace, old.Name, "-c", "agent", "--",
-				"/usr/local/bin/gpuwarden", "ctl", "set", cgroup, "--compute-limit", "20"); err != nil {
+				"/usr/local/bin/gpuwarden", "ctl", "set", target, "--compute-limit", "20"); err != nil {
 				t.Fatalf("ctl set: %v (%s)", err, out)
 			}
 			c.limitIs(t, agent, "w1", 0.2)
