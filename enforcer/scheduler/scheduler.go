@@ -422,15 +422,16 @@ func (s *Scheduler) loop(stop, done chan struct{}) {
 		}
 		next := s.cfg.Tick
 		if s.tick(now, busy) {
-			next *= quietTicks
+			next = max(next, min(next*quietTicks, s.cfg.IdlePoll/2))
 		}
 		t.Reset(next - time.Since(now))
 	}
 }
 
-// quietTicks: how many ticks long the loop waits while every GPU is quiet.
-// An idle container's launch still waits at most about Config.IdlePoll.
-const quietTicks = 5
+// quietTicks: how many ticks long the loop waits while every GPU is quiet
+// (at most half of Config.IdlePoll: an idle container's launch still waits
+// at most about Config.IdlePoll).
+const quietTicks = 10
 
 // tick runs one round for every GPU; busy is a new measurement or nil. It
 // says whether every GPU is quiet.
