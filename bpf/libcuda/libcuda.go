@@ -140,16 +140,18 @@ type Scanner struct {
 
 // procMaps is what one process mapped when its maps were last read.
 type procMaps struct {
-	stat  *os.File        // its /proc/<pid>/stat, kept open: a read fails once the process is gone
-	vsize uint64          // its virtual size then
+	statm *os.File        // its /proc/<pid>/statm, kept open: a read fails once the process is gone
+	size  uint64          // its virtual size then, in pages
 	found []Mapping       // its libcuda files
 	files map[string]bool // its other executable files, and whether each is a driver
 }
 
-// fullEvery: every so many scans every process's maps are read, whatever
-// its stat says (a library mapped in place of one of the same size leaves
-// the virtual size alone).
-const fullEvery = 10
+// recheckEvery: every so many scans (30 s at the default interval) each
+// process's maps are read, whatever its size says: a library mapped in
+// place of one of the same size leaves the virtual size alone. Processes
+// take turns by pid, so a scan reads a few, not all. Meanwhile NVML's
+// per-process view still sees such a process use a GPU.
+const recheckEvery = 60
 
 // NewScanner scans the processes under procRoot.
 func NewScanner(procRoot string) *Scanner {
@@ -161,22 +163,22 @@ func NewScanner(procRoot string) *Scanner {
 // container's control block, and its maps would cost more to read than all
 // the others'.
 func (s *Scanner) Scan() (map[FileID]Mapping, error) {
-	ents, err := os.ReadDir(s.procRoot)
+	names, err := readNames(s.procRoot)
 	if err != nil {
 		return nil, fmt.Errorf("scan processes: %w", err)
 	}
 	self, _ := os.Readlink(filepath.Join(s.procRoot, "self")) // our pid as procRoot numbers it
-	full := s.passes%fullEvery == 0
+	pass := s.passes
 	s.passes++
 	found := map[FileID]Mapping{}
 	known := make(map[string]bool, len(s.driver))
 	procs := make(map[int]*procMaps, len(s.procs))
-	for _, e := range ents {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil || pid <= 0 || e.Name() == self {
+	for _, name := range names {
+		pid, err := strconv.Atoi(name)
+		if err != nil || pid <= 0 || name == self {
 			continue
 		}
-		p := s.process(pid, full, known)
+		p := s.process(pid, (pid+pass)%recheckEvery == 0, known)
 		if p == nil {
 			continue // gone, or a kernel thread
 		}
@@ -199,24 +201,35 @@ func (s *Scanner) Scan() (map[FileID]Mapping, error) {
 	return found, nil
 }
 
+// readNames lists a directory unsorted (os.ReadDir sorts, and makes an
+// entry of each name).
+func readNames(dir string) ([]string, error) {
+	f, err := os.Open(dir)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	return f.Readdirnames(-1)
+}
+
 // process is what pid maps: as last read while its virtual size is
-// unchanged (a pread of its open stat file costs a fraction of reading its
+// unchanged (a pread of its open statm file costs a fraction of reading its
 // maps, and fails once the process is gone, so a reused pid is a new
-// process), else read anew. nil when the process is gone or maps nothing
-// readable.
-func (s *Scanner) process(pid int, full bool, known map[string]bool) *procMaps {
+// process), else, or when recheck, read anew. nil when the process is gone
+// or maps nothing readable.
+func (s *Scanner) process(pid int, recheck bool, known map[string]bool) *procMaps {
 	dir := filepath.Join(s.procRoot, strconv.Itoa(pid))
 	p := s.procs[pid]
 	if p != nil {
-		vsize, ok := readVsize(p.stat)
-		if ok && !full && vsize == p.vsize {
+		size, ok := readSize(p.statm)
+		if ok && !recheck && size == p.size {
 			return p
 		}
 		if !ok { // gone: a new process may have its pid
 			p.close()
 			p = nil
 		} else {
-			p.vsize = vsize
+			p.size = size
 		}
 	}
 	data, err := os.ReadFile(filepath.Join(dir, "maps"))
@@ -227,11 +240,11 @@ func (s *Scanner) process(pid int, full bool, known map[string]bool) *procMaps {
 		return nil
 	}
 	if p == nil {
-		p = &procMaps{vsize: ^uint64(0)} // no stat yet: read again next time
-		if f, err := os.Open(filepath.Join(dir, "stat")); err == nil {
-			p.stat = f
-			if v, ok := readVsize(f); ok {
-				p.vsize = v
+		p = &procMaps{size: ^uint64(0)} // no statm yet: read again next time
+		if f, err := os.Open(filepath.Join(dir, "statm")); err == nil {
+			p.statm = f
+			if v, ok := readSize(f); ok {
+				p.size = v
 			}
 		}
 	}
@@ -245,35 +258,30 @@ func (s *Scanner) process(pid int, full bool, known map[string]bool) *procMaps {
 }
 
 func (p *procMaps) close() {
-	if p.stat != nil {
-		p.stat.Close()
-		p.stat = nil
+	if p.statm != nil {
+		p.statm.Close()
+		p.statm = nil
 	}
 }
 
-// readVsize reads a process's virtual size (field 23) from its open stat
-// file. The command name (field 2) may hold spaces and parentheses: fields
-// are counted from the last ')'.
-func readVsize(f *os.File) (uint64, bool) {
+// readSize reads a process's virtual size in pages, the first field of its
+// open statm file (the kernel writes it cheaper than stat, which sums every
+// thread's times).
+func readSize(f *os.File) (uint64, bool) {
 	if f == nil {
 		return 0, false
 	}
-	var buf [1024]byte
+	var buf [128]byte
 	n, err := f.ReadAt(buf[:], 0)
 	if n == 0 || (err != nil && err != io.EOF) {
 		return 0, false
 	}
-	b := buf[:n]
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
+	field, _, ok := bytes.Cut(buf[:n], []byte{' '})
+	if !ok {
 		return 0, false
 	}
-	fields := strings.Fields(string(b[i+1:])) // fields[0] is field 3
-	if len(fields) < 21 {
-		return 0, false
-	}
-	vsize, err := strconv.ParseUint(fields[20], 10, 64)
-	return vsize, err == nil
+	v, err := strconv.ParseUint(string(field), 10, 64)
+	return v, err == nil
 }
 
 // renamed returns the executable mappings of a process that are driver

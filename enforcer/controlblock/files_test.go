@@ -172,6 +172,26 @@ func TestUsageFileSurvivesTruncation(t *testing.T) {
 	}
 }
 
+// TestUsageFileSnapshotOfCutLedger: a ledger cut short after its header
+// still reads its counters (the mapped header), but its snapshot, which
+// needs the slots, says it shrank.
+func TestUsageFileSnapshotOfCutLedger(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "usage")
+	b := validLedger()
+	b[offIssued0] = 7
+	must(t, os.WriteFile(p, b, 0o666))
+	u, err := OpenUsage(p)
+	must(t, err)
+	defer u.Close()
+	must(t, os.Truncate(p, int64(usageHeader)+100))
+	if _, err := u.Snapshot(); !errors.Is(err, ErrLedgerShrank) {
+		t.Errorf("snapshot of a ledger cut after its header: %v", err)
+	}
+	if u.Issued(0) != 7 {
+		t.Errorf("issued %d, want 7 from the header", u.Issued(0))
+	}
+}
+
 // FuzzLedgerFile: whatever a container leaves as its ledger (kind, size,
 // bytes), reading it returns, never panics, blocks or faults, and accepts
 // only a regular file of the ABI's size.

@@ -264,6 +264,14 @@ func (g *gpu) reconcile() {
 	g.sinceRecon = 0
 }
 
+// quiet says the GPU can wait longer than a tick: none of its members uses
+// or waits for it, and it has so many that a tick polls only some of them
+// (on a GPU shared by fewer, every tick looks at every member, which keeps
+// a launch after idling from waiting longer than a tick).
+func (g *gpu) quiet() bool {
+	return len(g.active) == 0 && !g.dirty && (len(g.members) == 0 || len(g.members) >= idleBatch)
+}
+
 // ownerIdle says the owner has stopped using its slice: it waits at no gate and
 // has taken no ticket for longer than its released work can last (it may be
 // synchronizing on up to a lookahead of work, plus a ticket or two, queued
@@ -294,12 +302,14 @@ func (g *gpu) observe(m *member, now time.Time) bool {
 	return m.busy != was
 }
 
-// pollIdle looks at the next idle members in turn; one that took a ticket
-// or waits becomes active. A launch after idling waits at most about
-// Config.IdlePoll (a tick where a GPU has fewer than idleBatch members).
-func (g *gpu) pollIdle(now time.Time, cfg Config) {
+// pollIdle looks at the next idle members in turn, enough of them for the
+// time since the last tick (dt) that each is looked at every
+// Config.IdlePoll; one that took a ticket or waits becomes active. A launch
+// after idling waits at most about Config.IdlePoll (a tick where a GPU has
+// fewer than idleBatch members).
+func (g *gpu) pollIdle(now time.Time, dt time.Duration, cfg Config) {
 	n := len(g.members)
-	k := min(n, max(idleBatch, int(math.Ceil(float64(n)*float64(cfg.Tick)/float64(cfg.IdlePoll)))))
+	k := min(n, max(idleBatch, int(math.Ceil(float64(n)*float64(dt)/float64(cfg.IdlePoll)))))
 	for i := 0; i < k; i++ {
 		m := g.members[(g.cursor+i)%n]
 		if m.active {
@@ -334,7 +344,8 @@ func (g *gpu) deactivate(now time.Time) {
 // tick observes the gates, charges credit, picks the slice's owner and
 // releases its tickets.
 func (g *gpu) tick(now time.Time, cfg Config) {
-	dt := float64(now.Sub(g.lastTick))
+	elapsed := now.Sub(g.lastTick)
+	dt := float64(elapsed)
 	g.lastTick = now
 	if len(g.members) == 0 {
 		g.owner = nil
@@ -345,7 +356,7 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 			g.dirty = true
 		}
 	}
-	g.pollIdle(now, cfg)
+	g.pollIdle(now, elapsed, cfg)
 	if g.dirty {
 		g.plan(now, cfg)
 	}

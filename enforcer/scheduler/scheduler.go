@@ -28,7 +28,10 @@
 //
 // What a tick costs: it looks at the containers that use or wait for a GPU,
 // and at idle ones in turns (Config.IdlePoll); shares are planned again only
-// when a container's busy state, settings or presence change.
+// when a container's busy state, settings or presence change. While no
+// container uses or waits for any GPU, and every GPU is shared by many
+// (idleBatch or more), the loop ticks every quietTicks ticks instead: a
+// wakeup costs more than the few reads it makes.
 //
 // A dead agent never stops the workloads: the loop writes each container's
 // heartbeat; if the agent dies the interposer lets launches through after the
@@ -404,7 +407,7 @@ func (s *Scheduler) PidMapper() PidMapper {
 
 func (s *Scheduler) loop(stop, done chan struct{}) {
 	defer close(done)
-	t := time.NewTicker(s.cfg.Tick)
+	t := time.NewTimer(s.cfg.Tick)
 	defer t.Stop()
 	for {
 		select {
@@ -417,12 +420,22 @@ func (s *Scheduler) loop(stop, done chan struct{}) {
 		if s.cfg.Source != nil && now.Sub(s.lastMeas) >= s.cfg.Measure {
 			busy, _ = s.cfg.Source.Busy() // on error, costs and shares keep their last values
 		}
-		s.tick(now, busy)
+		next := s.cfg.Tick
+		if s.tick(now, busy) {
+			next = max(next, min(next*quietTicks, s.cfg.IdlePoll/2))
+		}
+		t.Reset(next - time.Since(now))
 	}
 }
 
-// tick runs one round for every GPU; busy is a new measurement or nil.
-func (s *Scheduler) tick(now time.Time, busy map[string]map[string]uint64) {
+// quietTicks: how many ticks long the loop waits while every GPU is quiet
+// (at most half of Config.IdlePoll: an idle container's launch still waits
+// at most about Config.IdlePoll).
+const quietTicks = 10
+
+// tick runs one round for every GPU; busy is a new measurement or nil. It
+// says whether every GPU is quiet.
+func (s *Scheduler) tick(now time.Time, busy map[string]map[string]uint64) (quiet bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	full := now.Sub(s.lastLedger) >= s.cfg.Ledger
@@ -453,8 +466,10 @@ func (s *Scheduler) tick(now time.Time, busy map[string]map[string]uint64) {
 			}
 		}
 	}
+	quiet = len(s.unclaimed) == 0
 	for _, g := range s.gpus {
 		g.tick(now, s.cfg)
+		quiet = quiet && g.quiet()
 	}
 	if now.Sub(s.lastBeat) >= s.cfg.Heartbeat {
 		s.lastBeat = now
@@ -463,6 +478,7 @@ func (s *Scheduler) tick(now time.Time, busy map[string]map[string]uint64) {
 			c.limits.HeartbeatAt(beat)
 		}
 	}
+	return quiet
 }
 
 // readLedger refreshes claims, per-device reservations, pids and throttled
