@@ -30,7 +30,6 @@ func TestSplitServer(t *testing.T) {
 	}
 }
 
-
 func TestProgramEnv(t *testing.T) {
 	env := ProgramEnv([]string{"A=1", "LD_LIBRARY_PATH=/opt/lib", "GPUWARDEN_REMOTE=unix:/evil"}, "/gw/remote", "/tmp/s.sock")
 	got := strings.Join(env, " ")
