@@ -1,0 +1,36 @@
+/* libgpuwarden-remote.so: what its files share. */
+#ifndef GPUWARDEN_REMOTE_CLIENT_H
+#define GPUWARDEN_REMOTE_CLIENT_H
+
+#include <stdint.h>
+
+#include "cuda.h"
+#include "proto.h"
+
+#define GWR_EXPORT __attribute__((visibility("default")))
+
+/* A context: the client keeps the thread's current one, so the context
+ * calls need no round trip; frames carry its id. Never freed: a stale
+ * handle finds a cleared magic, not freed memory. */
+#define GWR_CTX_MAGIC 0x47435458u
+struct CUctx_st {
+    uint32_t magic;
+    uint64_t id;
+    int dev;
+    int primary;
+};
+
+/* client.c: the session with the worker */
+CUresult gwr_connect(void);                 /* once per process (and again after fork) */
+uint64_t gwr_new_id(void);                  /* a fresh handle name */
+uint64_t gwr_cur_ctx(void);                 /* the calling thread's context's id, or 0 */
+CUresult gwr_async(uint16_t op, const void *a, size_t na, const void *b, size_t nb);
+/* gwr_call sends a request and waits for its reply; out gets the reply's
+ * outputs (*nout their length); bulk gets GWR_OP_DATA frames. */
+CUresult gwr_call(uint16_t op, const void *a, size_t na, const void *b, size_t nb, void *out, size_t cap,
+                  size_t *nout, void *bulk, size_t nbulk);
+int gwr_dead(void);      /* the session ended: every call fails */
+int gwr_connected(void); /* this process has a live session */
+
+/* nvml.c: NVML's view of the session opens it too. */
+#endif
