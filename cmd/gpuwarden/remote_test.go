@@ -87,6 +87,9 @@ func newRemoteRig(t *testing.T) *remoteRig {
 		"GPUWARDEN_REMOTE_CA=" + filepath.Join(r.creds, "ca.crt"),
 		"GPUWARDEN_REMOTE_TIMEOUT=2s",
 		"GPUWARDEN_REMOTE_CGROUP_PARENT=" + parent,
+		// The client library runs on this host too, as it would on no real
+		// GPU node: the probes stay on the node's driver alone.
+		"GPUWARDEN_EBPF_SCAN_INTERVAL=0",
 		// The worker links libcuda.so.1 by name: the node's driver is simgpu's.
 		"LD_LIBRARY_PATH=" + filepath.Dir(simtest.Bin(t, "simgpu/libcuda.so.1")),
 	}
@@ -179,7 +182,7 @@ func TestRemoteSharing(t *testing.T) {
 	b := r.run(t, "b", []string{"--memory", "0.25", "--weight", "2"}, "workload", prog...)
 	a.WaitLine(t, "ready", 20*time.Second)
 	b.WaitLine(t, "ready", 20*time.Second)
-	local := startEnforced(t, r.m, r.agent, "local", "GPUWARDEN_COMPUTE_WEIGHT=1")
+	local := startEnforced(t, r.m, r.agent, "local", "GPUWARDEN_COMPUTE_WEIGHT=1", "GPUWARDEN_MEMORY_LIMIT=4Gi")
 
 	// Targets: weights 1, 2 and 1 on one GPU.
 	simtest.Eventually(t, 15*time.Second, func() error {
@@ -297,6 +300,7 @@ func TestRemoteFaults(t *testing.T) {
 	p.WaitLine(t, "ready", 20*time.Second)
 	_ = r.agent.Proc.Cmd.Process.Kill()
 	down := time.Now()
+	go func() { _ = r.agent.Proc.Cmd.Wait() }() // reaped here: its exit (probes detached) may be slow on a loaded machine
 	done := make(chan error, 1)
 	go func() { _, err := p.Wait(); done <- err }()
 	select {
