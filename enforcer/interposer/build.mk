@@ -56,9 +56,9 @@ $(BIN)/gpuwarden-worker: $(GWR_DIR)/worker.c $(GWR_COMMON) $(GWR_HDR) $(BIN)/sim
 	$(CC) $(CFLAGS) -Isimgpu/include -I$(GWR_DIR) -o $@ $(GWR_DIR)/worker.c $(GWR_COMMON) \
 		-L$(BIN)/simgpu -l:libcuda.so.1 -ldl -pthread
 
-# Runs on either driver: LD_LIBRARY_PATH picks simgpu's or the remote client.
+# Runs on either driver: simgpu's by its runpath, the remote client's by LD_LIBRARY_PATH.
 BUILD_TARGETS += $(BIN)/interposer/gw-remote
 $(BIN)/interposer/gw-remote: $(GW_DIR)/tests/gw_remote.c simgpu/include/cuda.h simgpu/include/nvml.h $(BIN)/simgpu/libcuda.so.1 $(BIN)/simgpu/libnvidia-ml.so.1
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -Werror -Isimgpu/include -o $@ $< \
-		-L$(BIN)/simgpu -l:libcuda.so.1 -l:libnvidia-ml.so.1
+		-L$(BIN)/simgpu -l:libcuda.so.1 -l:libnvidia-ml.so.1 -Wl,-rpath,'$$ORIGIN/../simgpu'

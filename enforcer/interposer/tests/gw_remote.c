@@ -1,10 +1,10 @@
 /* gw-remote: checks of a remote GPU session, one per subcommand. It links
  * libcuda.so.1 and libnvidia-ml.so.1 by soname, so the same program runs on
- * simgpu (LD_LIBRARY_PATH=bin/simgpu) or remotely (bin/remote).
+ * simgpu (its default) or remotely (LD_LIBRARY_PATH=bin/remote).
  *
  *   params        a record kernel's parameter bytes, by kernelParams and by extra
  *   quota BYTES   memory total by CUDA and NVML; an allocation over BYTES
- *   async         a launch on a bad stream succeeds; the next sync reports it
+ *   async         a launch with bad dimensions, then two synchronizations
  *   hold          prints "ready", then synchronizes until a call fails
  *   module        loads a 200 KiB described image and launches its kernel
  *   launches N    N empty launches, a sync every 1000: BENCH launches per second
@@ -128,6 +128,8 @@ static int quota(unsigned long long limit) {
     return 0;
 }
 
+/* A launch of more threads per block than the device has: the driver
+ * refuses it at once, a remote session at the next synchronization. */
 static int async_error(void) {
     setup();
     CUmodule m;
@@ -136,10 +138,7 @@ static int async_error(void) {
     CHECK(cuModuleGetFunction(&f, m, "sleep"));
     uint64_t ns = 1000;
     void *kp[] = {&ns};
-    CUstream s;
-    CHECK(cuStreamCreate(&s, 0));
-    CHECK(cuStreamDestroy_v2(s));
-    printf("launch %s\n", name(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, s, kp, NULL)));
+    printf("launch %s\n", name(cuLaunchKernel(f, 1, 1, 1, 4096, 1, 1, 0, NULL, kp, NULL)));
     printf("sync %s\n", name(cuCtxSynchronize()));
     printf("sync-again %s\n", name(cuCtxSynchronize()));
     return 0;
@@ -169,8 +168,8 @@ static int module(void) {
     size_t n = 200 << 10;
     char *img = malloc(n + 1);
     int k = snprintf(img, n, "%s", record_image);
-    /* padding lines of kernels make the image large */
-    for (int i = 0; (size_t)k + 64 < n; i++) k += snprintf(img + k, n - (size_t)k, "kernel pad%06d sleep 8 8\n", i);
+    /* comment lines make the image large */
+    for (int i = 0; (size_t)k + 64 < n; i++) k += snprintf(img + k, n - (size_t)k, "# padding line %06d\n", i);
     CUmodule m;
     CUfunction f;
     CHECK(cuModuleLoadData(&m, img));
