@@ -60,5 +60,5 @@ $(BIN)/gpuwarden-worker: $(GWR_DIR)/worker.c $(GWR_COMMON) $(GWR_HDR) $(BIN)/sim
 BUILD_TARGETS += $(BIN)/interposer/gw-remote
 $(BIN)/interposer/gw-remote: $(GW_DIR)/tests/gw_remote.c simgpu/include/cuda.h simgpu/include/nvml.h $(BIN)/simgpu/libcuda.so.1 $(BIN)/simgpu/libnvidia-ml.so.1
 	@mkdir -p $(@D)
-	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -Werror -Isimgpu/include -o $@ $< \
+	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -Werror -pthread -Isimgpu/include -o $@ $< \
 		-L$(BIN)/simgpu -l:libcuda.so.1 -l:libnvidia-ml.so.1 -Wl,-rpath,'$$ORIGIN/../simgpu'

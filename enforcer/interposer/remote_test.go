@@ -38,7 +38,13 @@ func startWorker(t *testing.T, m *simtest.Machine, preload bool, env ...string) 
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	w := &worker{sock: filepath.Join(dir, "s"), errb: &bytes.Buffer{}, done: make(chan error, 1)}
+	return startWorkerAt(t, filepath.Join(dir, "s"), m, preload, env...)
+}
+
+// startWorkerAt starts a worker listening on sock.
+func startWorkerAt(t *testing.T, sock string, m *simtest.Machine, preload bool, env ...string) *worker {
+	t.Helper()
+	w := &worker{sock: sock, errb: &bytes.Buffer{}, done: make(chan error, 1)}
 	w.cmd = exec.Command(simtest.Bin(t, "gpuwarden-worker"), "--listen", w.sock)
 	w.cmd.Env = append(cleanEnv(), m.Env()...)
 	w.cmd.Env = append(w.cmd.Env, "LD_LIBRARY_PATH="+filepath.Dir(simtest.Bin(t, "simgpu/libcuda.so.1")))
@@ -260,6 +266,44 @@ func TestRemoteAsyncError(t *testing.T) {
 	remote, _ := output(t, w.remote(t, bin, "async"))
 	if want := "launch CUDA_SUCCESS\nsync CUDA_ERROR_INVALID_VALUE\nsync-again CUDA_SUCCESS\n"; remote != want {
 		t.Errorf("remote: got\n%swant\n%s", remote, want)
+	}
+}
+
+// TestRemoteThreads: threads of one client, each on its own stream, share
+// the session; every reply reaches the thread that asked.
+func TestRemoteThreads(t *testing.T) {
+	m := simtest.NewMachine(t, 1, "8Gi")
+	w := startWorker(t, m, true, "GPUWARDEN_MEMORY_LIMIT=2Gi")
+	out, _ := output(t, w.remote(t, simtest.Bin(t, "interposer/gw-remote"), "threads", "8"))
+	if out != "threads ok 8\n" {
+		t.Errorf("got %q", out)
+	}
+}
+
+// TestRemoteFork: a forked child opens a session of its own (here, with a
+// second worker at the same socket path) and the parent's goes on.
+func TestRemoteFork(t *testing.T) {
+	m := simtest.NewMachine(t, 1, "8Gi")
+	parent := startWorker(t, m, true, "GPUWARDEN_MEMORY_LIMIT=2Gi")
+	cmd := parent.remote(t, simtest.Bin(t, "interposer/gw-remote"), "fork")
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := simtest.Start(t, cmd)
+	p.WaitLine(t, "ready", 20*time.Second)
+	child := startWorkerAt(t, parent.sock, m, true, "GPUWARDEN_MEMORY_LIMIT=2Gi") // the first unlinked it on accept
+	if _, err := in.Write([]byte("go\n")); err != nil {
+		t.Fatal(err)
+	}
+	out, err := p.Wait()
+	if err != nil || !strings.Contains(out, "child ok\n") || !strings.Contains(out, "parent ok\n") {
+		t.Errorf("gw-remote fork: %v\n%s%s", err, out, p.Stderr())
+	}
+	for _, w := range []*worker{parent, child} {
+		if err := w.wait(t, 10*time.Second); err != nil || !strings.Contains(w.errb.String(), "session ended") {
+			t.Errorf("worker: %v; stderr:\n%s", err, w.errb)
+		}
 	}
 }
 

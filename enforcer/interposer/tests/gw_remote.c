@@ -8,12 +8,18 @@
  *   hold          prints "ready", then synchronizes until a call fails
  *   module        loads a 200 KiB described image and launches its kernel
  *   launches N    N empty launches, a sync every 1000: BENCH launches per second
+ *   bandwidth MIB host-to-device and device-to-host copies of MIB MiB: BENCH MiB/s
+ *   threads N     N threads, each with its own stream, launching, filling and reading back
+ *   fork          prints "ready", waits for a line on stdin, forks: the child uses the GPU
+ *                 in a session of its own, then the parent goes on in its own
  */
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "cuda.h"
@@ -200,6 +206,106 @@ static int launches(long n) {
     return 0;
 }
 
+static int bandwidth(size_t mib) {
+    setup();
+    size_t n = mib << 20;
+    unsigned char *h = malloc(n), *back = malloc(n);
+    for (size_t i = 0; i < n; i++) h[i] = (unsigned char)(i * 131 + 7);
+    CUdeviceptr d;
+    CHECK(cuMemAlloc_v2(&d, n));
+    CHECK(cuMemcpyHtoD_v2(d, h, n)); /* warm: the pages exist on both sides */
+    CHECK(cuCtxSynchronize());
+    double t0 = now_s();
+    for (int i = 0; i < 4; i++) CHECK(cuMemcpyHtoD_v2(d, h, n));
+    CHECK(cuCtxSynchronize());
+    double htod = 4.0 * (double)mib / (now_s() - t0);
+    t0 = now_s();
+    for (int i = 0; i < 4; i++) CHECK(cuMemcpyDtoH_v2(back, d, n));
+    double dtoh = 4.0 * (double)mib / (now_s() - t0);
+    if (memcmp(h, back, n)) {
+        printf("fail the bytes read back differ\n");
+        return 1;
+    }
+    printf("BENCH htod_mib_per_sec %.0f MiB/s\nBENCH dtoh_mib_per_sec %.0f MiB/s\n", htod, dtoh);
+    return 0;
+}
+
+static CUcontext g_ctx;
+static CUfunction g_sleep;
+
+static void *thread_main(void *arg) {
+    long me = (long)arg;
+    if (cuCtxSetCurrent(g_ctx)) return "set current";
+    CUstream s;
+    CUdeviceptr d;
+    if (cuStreamCreate(&s, 0) || cuMemAlloc_v2(&d, 1 << 16)) return "create";
+    unsigned char back[1 << 16];
+    for (int round = 0; round < 50; round++) {
+        uint64_t ns = 1000;
+        void *kp[] = {&ns};
+        for (int i = 0; i < 20; i++)
+            if (cuLaunchKernel(g_sleep, 1, 1, 1, 1, 1, 1, 0, s, kp, NULL)) return "launch";
+        unsigned char v = (unsigned char)(me * 31 + round);
+        if (cuMemsetD8_v2(d, v, sizeof back) || cuStreamSynchronize(s) || cuMemcpyDtoH_v2(back, d, sizeof back))
+            return "sync";
+        for (size_t i = 0; i < sizeof back; i++)
+            if (back[i] != v) return "another thread's bytes";
+    }
+    if (cuStreamDestroy_v2(s) || cuMemFree_v2(d)) return "destroy";
+    return NULL;
+}
+
+static int threads(int n) {
+    g_ctx = setup();
+    CUmodule m;
+    CHECK(cuModuleLoadData(&m, record_image));
+    CHECK(cuModuleGetFunction(&g_sleep, m, "sleep"));
+    pthread_t t[64];
+    if (n > 64) n = 64;
+    for (long i = 0; i < n; i++) pthread_create(&t[i], NULL, thread_main, (void *)i);
+    int bad = 0;
+    for (int i = 0; i < n; i++) {
+        void *why;
+        pthread_join(t[i], &why);
+        if (why) printf("fail thread %d: %s\n", i, (const char *)why), bad = 1;
+    }
+    CHECK(cuCtxSynchronize());
+    if (!bad) printf("threads ok %d\n", n);
+    return bad;
+}
+
+/* The child of a fork opens a session of its own (the CUDA runtime's
+ * children re-initialise too); the parent's goes on untouched. */
+static int fork_check(void) {
+    setup();
+    CUdeviceptr d;
+    CHECK(cuMemAlloc_v2(&d, 4096));
+    CHECK(cuMemsetD8_v2(d, 0x5a, 4096));
+    printf("ready\n");
+    char line[16];
+    if (!fgets(line, sizeof line, stdin)) return 1;
+    pid_t pid = fork();
+    if (pid == 0) {
+        CUcontext c;
+        CUdeviceptr e;
+        unsigned char b[64];
+        CHECK(cuInit(0));
+        CHECK(cuDevicePrimaryCtxRetain(&c, 0));
+        CHECK(cuCtxSetCurrent(c));
+        CHECK(cuMemAlloc_v2(&e, 64));
+        CHECK(cuMemsetD8_v2(e, 0xc3, 64));
+        CHECK(cuMemcpyDtoH_v2(b, e, 64));
+        printf("child %s\n", b[0] == 0xc3 && b[63] == 0xc3 ? "ok" : "bad bytes");
+        _exit(0);
+    }
+    int st;
+    waitpid(pid, &st, 0);
+    unsigned char b[4096];
+    CHECK(cuMemcpyDtoH_v2(b, d, sizeof b));
+    printf("parent %s\n", b[0] == 0x5a && b[4095] == 0x5a ? "ok" : "bad bytes");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     const char *cmd = argc > 1 ? argv[1] : "";
@@ -209,6 +315,9 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "hold")) return hold();
     if (!strcmp(cmd, "module")) return module();
     if (!strcmp(cmd, "launches") && argc > 2) return launches(atol(argv[2]));
-    fprintf(stderr, "usage: gw-remote params|quota BYTES|async|hold|module|launches N\n");
+    if (!strcmp(cmd, "bandwidth") && argc > 2) return bandwidth((size_t)atol(argv[2]));
+    if (!strcmp(cmd, "threads") && argc > 2) return threads(atoi(argv[2]));
+    if (!strcmp(cmd, "fork")) return fork_check();
+    fprintf(stderr, "usage: gw-remote params|quota BYTES|async|hold|module|launches N|bandwidth MIB|threads N|fork\n");
     return 2;
 }
