@@ -37,7 +37,7 @@ $(BIN)/interposer/gw-envcheck: $(GW_DIR)/tests/gw_envcheck.c $(GW_DIR)/src/env.c
 GWR_DIR    := $(GW_DIR)/remote
 GWR_HDR    := $(GWR_DIR)/proto.h $(GWR_DIR)/client.h simgpu/include/cuda.h simgpu/include/nvml.h
 GWR_COMMON := $(GWR_DIR)/decode.c $(GWR_DIR)/sha256.c
-GWR_CLIENT := $(GWR_DIR)/client.c $(GWR_DIR)/cuda.c $(GWR_DIR)/nvml.c $(GWR_DIR)/procaddr.c $(GWR_COMMON)
+GWR_CLIENT := $(GWR_DIR)/client.c $(GWR_DIR)/cuda.c $(GWR_DIR)/nvml.c $(GWR_DIR)/procaddr.c $(GWR_DIR)/handles.c $(GWR_COMMON)
 
 BUILD_TARGETS += $(BIN)/remote/libgpuwarden-remote.so $(BIN)/remote/libcuda.so.1 $(BIN)/remote/libnvidia-ml.so.1 \
 	$(BIN)/gpuwarden-worker
@@ -55,3 +55,10 @@ $(BIN)/remote/libcuda.so.1 $(BIN)/remote/libnvidia-ml.so.1: $(BIN)/remote/libgpu
 $(BIN)/gpuwarden-worker: $(GWR_DIR)/worker.c $(GWR_COMMON) $(GWR_HDR) $(BIN)/simgpu/libcuda.so.1
 	$(CC) $(CFLAGS) -Isimgpu/include -I$(GWR_DIR) -o $@ $(GWR_DIR)/worker.c $(GWR_COMMON) \
 		-L$(BIN)/simgpu -l:libcuda.so.1 -ldl -pthread
+
+# Runs on either driver: simgpu's by its runpath, the remote client's by LD_LIBRARY_PATH.
+BUILD_TARGETS += $(BIN)/interposer/gw-remote
+$(BIN)/interposer/gw-remote: $(GW_DIR)/tests/gw_remote.c simgpu/include/cuda.h simgpu/include/nvml.h $(BIN)/simgpu/libcuda.so.1 $(BIN)/simgpu/libnvidia-ml.so.1
+	@mkdir -p $(@D)
+	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -Werror -pthread -Isimgpu/include -o $@ $< \
+		-L$(BIN)/simgpu -l:libcuda.so.1 -l:libnvidia-ml.so.1 -Wl,-rpath,'$$ORIGIN/../simgpu'

@@ -5,7 +5,8 @@
  *     simgpu-module 1
  *     kernel <name> sleep|record <size> <size> ...
  *
- * one line per kernel, each <size> a parameter's bytes (1..4096). Parameters
+ * one line per kernel (lines starting with # are comments), each <size> a
+ * parameter's bytes (1..4096). Parameters
  * are laid out as a C compiler lays out scalars: each at the next multiple of
  * its alignment (the largest power of two dividing its size, at most 8).
  * A sleep kernel runs for its first parameter's nanoseconds (a u64); a record
@@ -76,6 +77,7 @@ int sg_module_parse(const char *image, struct sg_kernel **out, int *n) {
     int count = 0, rc = 1;
     char *save;
     for (char *line = text ? strtok_r(text, "\n", &save) : NULL; line && ks; line = strtok_r(NULL, "\n", &save)) {
+        if (line[0] == '#') continue;
         if (count == SG_MAX_KERNELS || parse_line(line, &ks[count])) {
             rc = -1;
             break;

@@ -289,6 +289,9 @@ CUresult gwr_connect(void) {
         rc = CUDA_ERROR_DEVICE_UNAVAILABLE;
         goto out;
     }
+    int buf = GWR_SOCKET_BUFFER;
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
     if ((rc = hello(fd))) {
         fprintf(stderr, "gpuwarden: GPUWARDEN_REMOTE: %s did not answer as a gpuwarden worker\n", path);
         close(fd);

@@ -20,6 +20,18 @@ struct CUctx_st {
     int primary;
 };
 
+/* handles.c: streams, events, modules, graphs, graph execs and pools */
+enum gwr_kind { GWR_K_STREAM = 1, GWR_K_EVENT, GWR_K_MODULE, GWR_K_GRAPH, GWR_K_EXEC, GWR_K_POOL };
+struct gwr_obj {
+    uint32_t magic;
+    uint32_t kind;
+    uint64_t id; /* the worker's name for it */
+    struct gwr_obj *next; /* the free list */
+};
+void *gwr_obj_new(uint32_t kind);                   /* NULL: out of memory */
+uint64_t gwr_obj_id(const void *h, uint32_t kind); /* 0: not a live handle of that kind */
+void gwr_obj_free(void *h);
+
 /* client.c: the session with the worker */
 CUresult gwr_connect(void);                 /* once per process (and again after fork) */
 uint64_t gwr_new_id(void);                  /* a fresh handle name */

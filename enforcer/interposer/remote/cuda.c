@@ -63,6 +63,21 @@ static CUresult aq(uint16_t op, const char *fmt, ...) {
         if (rc_) return rc_;                                                                       \
     } while (0)
 
+/* stream_id names a stream to the worker: the default streams by their
+ * constants, others by their handle's id; -1 for a bad handle. */
+static int stream_id(CUstream s, uint64_t *id) {
+    if (SID(s) <= 2) {
+        *id = SID(s);
+        return 0;
+    }
+    *id = gwr_obj_id(s, GWR_K_STREAM);
+    return *id ? 0 : -1;
+}
+
+#define STREAM(s, id)                                                                              \
+    uint64_t id;                                                                                   \
+    if (stream_id((s), &id)) return CUDA_ERROR_INVALID_HANDLE
+
 /* ------------------------------------------------------------------------ */
 /* Initialisation, devices, errors                                           */
 
@@ -149,15 +164,16 @@ GWR_EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUd
 GWR_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *pool, CUdevice dev) {
     READY();
     if (!pool) return CUDA_ERROR_INVALID_VALUE;
-    static uint64_t ids[64];
+    static void *pools[64];
     static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
     if (dev < 0 || dev >= 64) return rq(GWR_OP_DEVICE_POOL, NULL, 0, "qi", Q(0), I(dev)); /* the worker says why */
     pthread_mutex_lock(&mu);
-    if (!ids[dev]) ids[dev] = gwr_new_id();
-    uint64_t id = ids[dev];
+    if (!pools[dev]) pools[dev] = gwr_obj_new(GWR_K_POOL);
+    void *h = pools[dev];
     pthread_mutex_unlock(&mu);
-    CUresult rc = rq(GWR_OP_DEVICE_POOL, NULL, 0, "qi", Q(id), I(dev));
-    if (!rc) *pool = (CUmemoryPool)(uintptr_t)id;
+    if (!h) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = rq(GWR_OP_DEVICE_POOL, NULL, 0, "qi", gwr_obj_id(h, GWR_K_POOL), I(dev));
+    if (!rc) *pool = h;
     return rc;
 }
 
@@ -408,8 +424,10 @@ GWR_EXPORT CUresult cuMemGetInfo_v2(size_t *free_, size_t *total) {
 static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, CUstream s, int ptsz) {
     READY();
     if (!dptr) return CUDA_ERROR_INVALID_VALUE;
-    uint64_t p;
-    CUresult rc = rq(GWR_OP_MEM_ALLOC_ASYNC, &p, 8, "qqqi", Q(bytes), SID(s), SID(pool), I(ptsz));
+    uint64_t pid = pool ? gwr_obj_id(pool, GWR_K_POOL) : 0, p;
+    if (pool && !pid) return CUDA_ERROR_INVALID_VALUE;
+    STREAM(s, sid);
+    CUresult rc = rq(GWR_OP_MEM_ALLOC_ASYNC, &p, 8, "qqqi", Q(bytes), sid, pid, I(ptsz));
     if (!rc) *dptr = p;
     return rc;
 }
@@ -426,28 +444,36 @@ GWR_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *d, size_t n, CUmem
 
 GWR_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s) {
     READY();
-    return aq(GWR_OP_MEM_FREE_ASYNC, "qqi", Q(dptr), SID(s), I(0));
+    STREAM(s, sid);
+    return aq(GWR_OP_MEM_FREE_ASYNC, "qqi", Q(dptr), sid, I(0));
 }
 GWR_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s) {
     READY();
-    return aq(GWR_OP_MEM_FREE_ASYNC, "qqi", Q(dptr), SID(s), I(1));
+    STREAM(s, sid);
+    return aq(GWR_OP_MEM_FREE_ASYNC, "qqi", Q(dptr), sid, I(1));
 }
 
 GWR_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps) {
     READY();
     if (!pool || !poolProps) return CUDA_ERROR_INVALID_VALUE;
-    uint64_t id = gwr_new_id();
+    void *h = gwr_obj_new(GWR_K_POOL);
+    if (!h) return CUDA_ERROR_OUT_OF_MEMORY;
     uint8_t b[16];
-    size_t n = gwr_encode(b, sizeof b, "q", id);
+    size_t n = gwr_encode(b, sizeof b, "q", gwr_obj_id(h, GWR_K_POOL));
     /* synchronous: a pool's properties are checked where it is created */
     CUresult rc = gwr_call(GWR_OP_POOL_CREATE, b, n, poolProps, sizeof *poolProps, NULL, 0, NULL, NULL, 0);
-    if (!rc) *pool = (CUmemoryPool)(uintptr_t)id;
+    if (rc) gwr_obj_free(h);
+    else *pool = h;
     return rc;
 }
 
 GWR_EXPORT CUresult cuMemPoolDestroy(CUmemoryPool pool) {
     READY();
-    return rq(GWR_OP_POOL_DESTROY, NULL, 0, "q", SID(pool));
+    uint64_t id = gwr_obj_id(pool, GWR_K_POOL);
+    if (!id) return CUDA_ERROR_INVALID_VALUE;
+    CUresult rc = rq(GWR_OP_POOL_DESTROY, NULL, 0, "q", id);
+    if (!rc) gwr_obj_free(pool);
+    return rc;
 }
 
 GWR_EXPORT CUresult cuMemGetAllocationGranularity(size_t *granularity, const CUmemAllocationProp *prop,
@@ -597,8 +623,9 @@ GWR_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {
     if (!size) return CUDA_ERROR_INVALID_IMAGE;
     uint8_t hash[GWR_HASH_SIZE], b[64];
     gwr_sha256(image, size, hash);
-    uint64_t id = gwr_new_id();
-    size_t n = gwr_encode(b, sizeof b, "qhq", id, hash, Q(size));
+    void *h = gwr_obj_new(GWR_K_MODULE);
+    if (!h) return CUDA_ERROR_OUT_OF_MEMORY;
+    size_t n = gwr_encode(b, sizeof b, "qhq", gwr_obj_id(h, GWR_K_MODULE), hash, Q(size));
     /* The worker may have the image already, from this session or its cache. */
     CUresult rc = gwr_call(GWR_OP_MODULE_LOAD, b, n, NULL, 0, NULL, 0, NULL, NULL, 0);
     if (rc == (CUresult)GWR_NEED_IMAGE) {
@@ -612,7 +639,8 @@ GWR_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {
         if (!rc) rc = gwr_call(GWR_OP_MODULE_LOAD, b, n, NULL, 0, NULL, 0, NULL, NULL, 0);
         if (rc == (CUresult)GWR_NEED_IMAGE) rc = CUDA_ERROR_INVALID_IMAGE;
     }
-    if (!rc) *module = (CUmodule)(uintptr_t)id;
+    if (rc) gwr_obj_free(h);
+    else *module = h;
     return rc;
 }
 
@@ -639,7 +667,11 @@ GWR_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const 
     if (!f) return CUDA_ERROR_OUT_OF_MEMORY;
     f->magic = GWR_FUNC_MAGIC;
     f->id = gwr_new_id();
-    f->module = SID(hmod);
+    f->module = gwr_obj_id(hmod, GWR_K_MODULE);
+    if (!f->module) {
+        free(f);
+        return CUDA_ERROR_INVALID_HANDLE;
+    }
     f->nparams = -1;
     uint8_t b[16];
     size_t n = gwr_encode(b, sizeof b, "qq", f->id, f->module);
@@ -659,11 +691,14 @@ GWR_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const 
 
 GWR_EXPORT CUresult cuModuleUnload(CUmodule hmod) {
     READY();
-    CUresult rc = rq(GWR_OP_MODULE_UNLOAD, NULL, 0, "q", SID(hmod));
+    uint64_t id = gwr_obj_id(hmod, GWR_K_MODULE);
+    if (!id) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult rc = rq(GWR_OP_MODULE_UNLOAD, NULL, 0, "q", id);
     if (rc) return rc;
+    gwr_obj_free(hmod);
     pthread_mutex_lock(&g_func_mu);
     for (struct CUfunc_st *f = g_funcs; f; f = f->next)
-        if (f->module == SID(hmod)) f->magic = 0; /* its functions went with it */
+        if (f->module == id) f->magic = 0; /* its functions went with it */
     pthread_mutex_unlock(&g_func_mu);
     return CUDA_SUCCESS;
 }
@@ -719,12 +754,21 @@ static CUresult launch(CUfunction f, const unsigned g[3], const unsigned b[3], u
                        unsigned nattrs) {
     READY();
     if (!func_valid(f)) return CUDA_ERROR_INVALID_HANDLE;
+    STREAM(s, sid);
     if (kernelParams && extra) return CUDA_ERROR_INVALID_VALUE;
     if (!g[0] || !g[1] || !g[2] || !b[0] || !b[1] || !b[2]) return CUDA_ERROR_INVALID_VALUE;
     if (nattrs > GWR_MAX_ATTRS || (nattrs && !attrs)) return CUDA_ERROR_INVALID_VALUE;
     uint8_t buf[GWR_MAX_ATTRS * GWR_ATTR_SIZE + GWR_MAX_PARAM_BYTES];
     size_t na = (size_t)nattrs * GWR_ATTR_SIZE, np = 0;
-    if (nattrs) memcpy(buf, attrs, na);
+    for (unsigned i = 0; i < nattrs; i++) {
+        CUlaunchAttribute a = attrs[i];
+        if (a.id == CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_EVENT || a.id == CU_LAUNCH_ATTRIBUTE_LAUNCH_COMPLETION_EVENT) {
+            uint64_t ev = gwr_obj_id(a.value.programmaticEvent.event, GWR_K_EVENT);
+            if (!ev) return CUDA_ERROR_INVALID_HANDLE;
+            a.value.programmaticEvent.event = (CUevent)(uintptr_t)ev; /* the worker's name for it */
+        }
+        memcpy(buf + i * GWR_ATTR_SIZE, &a, GWR_ATTR_SIZE);
+    }
     if (kernelParams) {
         CUresult rc = layout(f);
         if (rc) return rc;
@@ -747,7 +791,7 @@ static CUresult launch(CUfunction f, const unsigned g[3], const unsigned b[3], u
         np = size;
     }
     uint8_t h[96];
-    size_t n = gwr_encode(h, sizeof h, "qqiiiiiiiiii", f->id, SID(s), I(g[0]), I(g[1]), I(g[2]), I(b[0]), I(b[1]),
+    size_t n = gwr_encode(h, sizeof h, "qqiiiiiiiiii", f->id, sid, I(g[0]), I(g[1]), I(g[2]), I(b[0]), I(b[1]),
                           I(b[2]), I(shmem), kind, I(nattrs), I(kernelParams || extra));
     return gwr_async(GWR_OP_LAUNCH, h, n, buf, na + np);
 }
@@ -803,26 +847,34 @@ GWR_EXPORT CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) {
     CUresult rc = current(&c);
     if (rc) return rc;
     if (!phStream || Flags > 1) return CUDA_ERROR_INVALID_VALUE;
-    uint64_t id = gwr_new_id();
-    if ((rc = aq(GWR_OP_STREAM_CREATE, "qi", id, I(Flags)))) return rc;
-    *phStream = (CUstream)(uintptr_t)id;
+    void *h = gwr_obj_new(GWR_K_STREAM);
+    if (!h) return CUDA_ERROR_OUT_OF_MEMORY;
+    if ((rc = aq(GWR_OP_STREAM_CREATE, "qi", gwr_obj_id(h, GWR_K_STREAM), I(Flags)))) {
+        gwr_obj_free(h);
+        return rc;
+    }
+    *phStream = h;
     return CUDA_SUCCESS;
 }
 
 GWR_EXPORT CUresult cuStreamDestroy_v2(CUstream hStream) {
     READY();
-    if (SID(hStream) <= 2) return CUDA_ERROR_INVALID_HANDLE;
-    return aq(GWR_OP_STREAM_DESTROY, "q", SID(hStream));
+    uint64_t id = gwr_obj_id(hStream, GWR_K_STREAM);
+    if (!id) return CUDA_ERROR_INVALID_HANDLE;
+    gwr_obj_free(hStream);
+    return aq(GWR_OP_STREAM_DESTROY, "q", id);
 }
 
 GWR_EXPORT CUresult cuStreamSynchronize(CUstream hStream) {
     READY();
-    return rq(GWR_OP_STREAM_SYNC, NULL, 0, "q", SID(hStream));
+    STREAM(hStream, id);
+    return rq(GWR_OP_STREAM_SYNC, NULL, 0, "q", id);
 }
 
 GWR_EXPORT CUresult cuStreamQuery(CUstream hStream) {
     READY();
-    return rq(GWR_OP_STREAM_QUERY, NULL, 0, "q", SID(hStream));
+    STREAM(hStream, id);
+    return rq(GWR_OP_STREAM_QUERY, NULL, 0, "q", id);
 }
 
 GWR_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
@@ -830,63 +882,85 @@ GWR_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
     CUresult rc = current(&c);
     if (rc) return rc;
     if (!phEvent || Flags > 0xf) return CUDA_ERROR_INVALID_VALUE;
-    uint64_t id = gwr_new_id();
-    if ((rc = aq(GWR_OP_EVENT_CREATE, "qi", id, I(Flags)))) return rc;
-    *phEvent = (CUevent)(uintptr_t)id;
+    void *h = gwr_obj_new(GWR_K_EVENT);
+    if (!h) return CUDA_ERROR_OUT_OF_MEMORY;
+    if ((rc = aq(GWR_OP_EVENT_CREATE, "qi", gwr_obj_id(h, GWR_K_EVENT), I(Flags)))) {
+        gwr_obj_free(h);
+        return rc;
+    }
+    *phEvent = h;
     return CUDA_SUCCESS;
 }
 
 GWR_EXPORT CUresult cuEventRecord(CUevent hEvent, CUstream hStream) {
     READY();
-    if (!hEvent) return CUDA_ERROR_INVALID_HANDLE;
-    return aq(GWR_OP_EVENT_RECORD, "qq", SID(hEvent), SID(hStream));
+    uint64_t id = gwr_obj_id(hEvent, GWR_K_EVENT);
+    if (!id) return CUDA_ERROR_INVALID_HANDLE;
+    STREAM(hStream, sid);
+    return aq(GWR_OP_EVENT_RECORD, "qq", id, sid);
 }
 
 GWR_EXPORT CUresult cuEventQuery(CUevent hEvent) {
     READY();
-    return rq(GWR_OP_EVENT_QUERY, NULL, 0, "q", SID(hEvent));
+    uint64_t id = gwr_obj_id(hEvent, GWR_K_EVENT);
+    if (!id) return CUDA_ERROR_INVALID_HANDLE;
+    return rq(GWR_OP_EVENT_QUERY, NULL, 0, "q", id);
 }
 
 GWR_EXPORT CUresult cuEventSynchronize(CUevent hEvent) {
     READY();
-    return rq(GWR_OP_EVENT_SYNC, NULL, 0, "q", SID(hEvent));
+    uint64_t id = gwr_obj_id(hEvent, GWR_K_EVENT);
+    if (!id) return CUDA_ERROR_INVALID_HANDLE;
+    return rq(GWR_OP_EVENT_SYNC, NULL, 0, "q", id);
 }
 
 GWR_EXPORT CUresult cuEventElapsedTime(float *pMilliseconds, CUevent hStart, CUevent hEnd) {
     READY();
     if (!pMilliseconds) return CUDA_ERROR_INVALID_VALUE;
     float ms;
-    CUresult rc = rq(GWR_OP_EVENT_ELAPSED, &ms, sizeof ms, "qq", SID(hStart), SID(hEnd));
+    uint64_t a = gwr_obj_id(hStart, GWR_K_EVENT), b = gwr_obj_id(hEnd, GWR_K_EVENT);
+    if (!a || !b) return CUDA_ERROR_INVALID_HANDLE;
+    CUresult rc = rq(GWR_OP_EVENT_ELAPSED, &ms, sizeof ms, "qq", a, b);
     if (!rc) *pMilliseconds = ms;
     return rc;
 }
 
 GWR_EXPORT CUresult cuEventDestroy_v2(CUevent hEvent) {
     READY();
-    if (!hEvent) return CUDA_ERROR_INVALID_HANDLE;
-    return aq(GWR_OP_EVENT_DESTROY, "q", SID(hEvent));
+    uint64_t id = gwr_obj_id(hEvent, GWR_K_EVENT);
+    if (!id) return CUDA_ERROR_INVALID_HANDLE;
+    gwr_obj_free(hEvent);
+    return aq(GWR_OP_EVENT_DESTROY, "q", id);
 }
 
 GWR_EXPORT CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode mode) {
     READY();
-    return rq(GWR_OP_CAPTURE_BEGIN, NULL, 0, "qi", SID(hStream), I(mode));
+    STREAM(hStream, id);
+    return rq(GWR_OP_CAPTURE_BEGIN, NULL, 0, "qi", id, I(mode));
 }
 
 GWR_EXPORT CUresult cuStreamEndCapture(CUstream hStream, CUgraph *phGraph) {
     READY();
     if (!phGraph) return CUDA_ERROR_INVALID_VALUE;
-    uint64_t id = gwr_new_id();
-    CUresult rc = rq(GWR_OP_CAPTURE_END, NULL, 0, "qq", SID(hStream), id);
-    if (!rc) *phGraph = (CUgraph)(uintptr_t)id;
+    STREAM(hStream, sid);
+    void *h = gwr_obj_new(GWR_K_GRAPH);
+    if (!h) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = rq(GWR_OP_CAPTURE_END, NULL, 0, "qq", sid, gwr_obj_id(h, GWR_K_GRAPH));
+    if (rc) gwr_obj_free(h);
+    else *phGraph = h;
     return rc;
 }
 
 GWR_EXPORT CUresult cuGraphInstantiateWithFlags(CUgraphExec *phGraphExec, CUgraph hGraph, unsigned long long flags) {
     READY();
     if (!phGraphExec) return CUDA_ERROR_INVALID_VALUE;
-    uint64_t id = gwr_new_id();
-    CUresult rc = rq(GWR_OP_GRAPH_INSTANTIATE, NULL, 0, "qqq", id, SID(hGraph), Q(flags));
-    if (!rc) *phGraphExec = (CUgraphExec)(uintptr_t)id;
+    uint64_t gid = gwr_obj_id(hGraph, GWR_K_GRAPH);
+    if (!gid) return CUDA_ERROR_INVALID_VALUE;
+    void *h = gwr_obj_new(GWR_K_EXEC);
+    if (!h) return CUDA_ERROR_OUT_OF_MEMORY;
+    CUresult rc = rq(GWR_OP_GRAPH_INSTANTIATE, NULL, 0, "qqq", gwr_obj_id(h, GWR_K_EXEC), gid, Q(flags));
+    if (rc) gwr_obj_free(h);
+    else *phGraphExec = h;
     return rc;
 }
 
@@ -897,21 +971,28 @@ GWR_EXPORT CUresult cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGra
     return cuGraphInstantiateWithFlags(phGraphExec, hGraph, 0);
 }
 
-GWR_EXPORT CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
+static CUresult graph_launch(CUgraphExec x, CUstream s, uint32_t ptsz) {
     READY();
-    return aq(GWR_OP_GRAPH_LAUNCH, "qqi", SID(hGraphExec), SID(hStream), I(0));
+    uint64_t id = gwr_obj_id(x, GWR_K_EXEC);
+    if (!id) return CUDA_ERROR_INVALID_VALUE;
+    STREAM(s, sid);
+    return aq(GWR_OP_GRAPH_LAUNCH, "qqi", id, sid, ptsz);
+}
+GWR_EXPORT CUresult cuGraphLaunch(CUgraphExec hGraphExec, CUstream hStream) {
+    return graph_launch(hGraphExec, hStream, 0);
 }
 GWR_EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec hGraphExec, CUstream hStream) {
-    READY();
-    return aq(GWR_OP_GRAPH_LAUNCH, "qqi", SID(hGraphExec), SID(hStream), I(1));
+    return graph_launch(hGraphExec, hStream, 1);
 }
 
-GWR_EXPORT CUresult cuGraphDestroy(CUgraph hGraph) {
+static CUresult graph_destroy(void *h, uint32_t kind, uint16_t op) {
     READY();
-    return aq(GWR_OP_GRAPH_DESTROY, "q", SID(hGraph));
+    uint64_t id = gwr_obj_id(h, kind);
+    if (!id) return CUDA_ERROR_INVALID_VALUE;
+    gwr_obj_free(h);
+    return aq(op, "q", id);
 }
-
+GWR_EXPORT CUresult cuGraphDestroy(CUgraph hGraph) { return graph_destroy(hGraph, GWR_K_GRAPH, GWR_OP_GRAPH_DESTROY); }
 GWR_EXPORT CUresult cuGraphExecDestroy(CUgraphExec hGraphExec) {
-    READY();
-    return aq(GWR_OP_GRAPH_EXEC_DESTROY, "q", SID(hGraphExec));
+    return graph_destroy(hGraphExec, GWR_K_EXEC, GWR_OP_GRAPH_EXEC_DESTROY);
 }

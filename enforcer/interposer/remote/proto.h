@@ -44,6 +44,8 @@
 #define GWR_MAX_SESSION_IMAGES (1024u << 20)  /* all images one session uploads */
 #define GWR_MAX_FIELDS 12
 
+#define GWR_SOCKET_BUFFER (4 << 20) /* asked of both ends (capped by net.core.wmem_max): bulk copies stream */
+
 #define GWR_F_SYNC 0x1u
 
 /* A reply's payload: {i result, then the op's outputs}. A reply to a

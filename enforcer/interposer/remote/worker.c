@@ -1008,6 +1008,9 @@ int main(int argc, char **argv) {
         return 2;
     }
     signal(SIGPIPE, SIG_IGN);
+    int buf = GWR_SOCKET_BUFFER;
+    setsockopt(g_fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    setsockopt(g_fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
     int rc = serve();
     fprintf(stderr, "gpuwarden-worker: session ended: %llu frames, %llu images received, %llu images from cache\n",
             g_stats.frames, g_stats.images_received, g_stats.images_cached);
