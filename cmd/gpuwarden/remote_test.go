@@ -45,7 +45,11 @@ var rigIdentities = map[string]pki.Identity{
 	"b": {Namespace: "team-b", Pod: "train-b", Container: "main"},
 }
 
-func newRemoteRig(t *testing.T) *remoteRig {
+// newRemoteRig starts the two nodes. observe turns the agent's eBPF
+// observation on: on a machine shared with other tests the agent then
+// attaches to every copy of libcuda their processes map, which can take
+// it many seconds to start and to stop.
+func newRemoteRig(t *testing.T, observe bool) *remoteRig {
 	simtest.RequirePrivileged(t, "network namespaces, cgroups and eBPF")
 	r := &remoteRig{m: simtest.NewMachine(t, 1, "16Gi"), creds: t.TempDir(), clientBin: t.TempDir()}
 	r.server, r.client = simtest.NewNetNS(t), simtest.NewNetNS(t)
@@ -92,6 +96,7 @@ func newRemoteRig(t *testing.T) *remoteRig {
 		"GPUWARDEN_EBPF_SCAN_INTERVAL=0",
 		// The worker links libcuda.so.1 by name: the node's driver is simgpu's.
 		"LD_LIBRARY_PATH=" + filepath.Dir(simtest.Bin(t, "simgpu/libcuda.so.1")),
+		fmt.Sprintf("GPUWARDEN_EBPF_ENABLED=%v", observe),
 	}
 	r.agent = simtest.StartAgentIn(t, r.m, r.server, r.agentEnv...)
 	return r
@@ -141,7 +146,7 @@ func remoteEntries(t *testing.T, agent *simtest.Agent) map[string]collector.Cont
 // lists the session under its client's identity; its exit status comes
 // back through `gpuwarden run`.
 func TestRemoteWorkloadRuns(t *testing.T) {
-	r := newRemoteRig(t)
+	r := newRemoteRig(t, false)
 	p := r.run(t, "a", []string{"--memory", "0.5"}, "workload", "--alloc", "1Gi", "--seconds", "2",
 		"--kernels", "8", "--kernel-ns", "200000")
 	p.WaitLine(t, "ready", 20*time.Second)
@@ -176,7 +181,7 @@ func TestRemoteWorkloadRuns(t *testing.T) {
 // GPU under the same policy: the remote ones get their memory quotas and
 // their 1:2 weights, all three appear in the metrics with their labels.
 func TestRemoteSharing(t *testing.T) {
-	r := newRemoteRig(t)
+	r := newRemoteRig(t, false)
 	prog := []string{"--alloc", "1Gi", "--seconds", "60", "--kernels", "8", "--kernel-ns", "2000000"}
 	a := r.run(t, "a", []string{"--memory", "4Gi", "--weight", "1"}, "workload", prog...)
 	b := r.run(t, "b", []string{"--memory", "0.25", "--weight", "2"}, "workload", prog...)
@@ -240,7 +245,7 @@ func TestRemoteSharing(t *testing.T) {
 // the timeout and it exits); the server comes back (a new session starts
 // at once).
 func TestRemoteFaults(t *testing.T) {
-	r := newRemoteRig(t)
+	r := newRemoteRig(t, false)
 	p := r.run(t, "a", []string{"--memory", "0.5"}, "workload", "--alloc", "2Gi", "--seconds", "60",
 		"--kernels", "8", "--kernel-ns", "200000")
 	p.WaitLine(t, "ready", 20*time.Second)
@@ -328,7 +333,7 @@ func TestRemoteFaults(t *testing.T) {
 // TestRemoteRefusesStrangers: a client certificate of another CA, and no
 // client certificate at all, get nothing from the server.
 func TestRemoteRefusesStrangers(t *testing.T) {
-	r := newRemoteRig(t)
+	r := newRemoteRig(t, false)
 	other := t.TempDir()
 	if err := pki.CreateCA(other, "other CA", time.Hour); err != nil {
 		t.Fatal(err)
@@ -386,4 +391,23 @@ func replaceArg(args []string, old, new string) []string {
 		}
 	}
 	return args
+}
+
+// TestRemoteObservedByEBPF: the probes see a session's worker as they see
+// any container: its memory is eBPF's figure, and it is not in breach.
+func TestRemoteObservedByEBPF(t *testing.T) {
+	r := newRemoteRig(t, true)
+	p := r.run(t, "b", []string{"--memory", "4Gi"}, "workload", "--alloc", "1Gi", "--seconds", "60",
+		"--kernels", "8", "--kernel-ns", "200000")
+	p.WaitLine(t, "ready", 30*time.Second)
+	simtest.Eventually(t, 20*time.Second, func() error {
+		e, ok := remoteEntries(t, r.agent)["team-b"]
+		if !ok || e.MemorySource != "ebpf" || e.MemoryUsedBytes < 1<<30 {
+			return fmt.Errorf("team-b: %+v (listed %v), want 1Gi seen by eBPF", e, ok)
+		}
+		if e.Unenforced || len(e.Breaches) > 0 {
+			return fmt.Errorf("team-b in breach: %+v", e.Breaches)
+		}
+		return nil
+	})
 }
