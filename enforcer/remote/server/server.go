@@ -23,6 +23,11 @@ import (
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
 )
 
+// MaxSessions bounds the sessions (each a worker process) one server runs,
+// whatever memory is left: a client must not fork the node to death with
+// sessions of a MiB each.
+const MaxSessions = 256
+
 // Config is what a server needs.
 type Config struct {
 	Listen  string
@@ -244,11 +249,14 @@ func (s *Server) session(l *link.Conn, id pki.Identity, req session.Request, log
 		}
 	}
 	placed, err := session.Place(v, devs)
-	if err != nil || s.closed {
+	switch {
+	case s.closed:
+		err = errors.New("the server is shutting down")
+	case err == nil && len(s.sessions) >= MaxSessions:
+		err = fmt.Errorf("the server runs %d sessions, its most", MaxSessions)
+	}
+	if err != nil {
 		s.mu.Unlock()
-		if err == nil {
-			err = errors.New("the server is shutting down")
-		}
 		refuse(err)
 		return
 	}

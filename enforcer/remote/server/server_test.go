@@ -22,6 +22,11 @@ import (
 // testServer runs a server whose worker is a script that records its
 // environment and cgroup, then echoes its socket (fd 3) back.
 func testServer(t *testing.T, creds string) (*Server, Worker, string) {
+	return testServerWith(t, creds, "exec cat <&3 >&3")
+}
+
+// testServerWith runs a server whose worker script ends with body.
+func testServerWith(t *testing.T, creds, body string) (*Server, Worker, string) {
 	t.Helper()
 	simtest.RequirePrivileged(t, "cgroups")
 	mnt, err := cgroups.Mount("/proc/self/mountinfo")
@@ -30,7 +35,7 @@ func testServer(t *testing.T, creds string) (*Server, Worker, string) {
 	}
 	dir := t.TempDir()
 	script := filepath.Join(dir, "worker")
-	os.WriteFile(script, []byte("#!/bin/sh\nenv > "+dir+"/env.$$\ncat /proc/self/cgroup > "+dir+"/cgroup.$$\nexec cat <&3 >&3\n"), 0o755)
+	os.WriteFile(script, []byte("#!/bin/sh\nenv > "+dir+"/env.$$\ncat /proc/self/cgroup > "+dir+"/cgroup.$$\n"+body+"\n"), 0o755)
 	interposer := filepath.Join(dir, "libgpuwarden.so")
 	os.WriteFile(interposer, nil, 0o644)
 	tlsConf, err := pki.ServerConfig(files(creds, "server"))
@@ -184,5 +189,32 @@ func TestSessionRefusals(t *testing.T) {
 	}
 	if _, err := fd.List(ctx); err == nil {
 		t.Error("a client certificate of another CA got the list")
+	}
+}
+
+// TestStuckWorkerIsKilled: a worker that does not exit when its session
+// ends (it ignores its socket) is killed with its cgroup within seconds.
+func TestStuckWorkerIsKilled(t *testing.T) {
+	creds := credentials(t, pki.Identity{Namespace: "a", Pod: "b", Container: "c"})
+	s, w, _ := testServerWith(t, creds, "trap '' TERM INT HUP; exec 3>&-; (sleep 600) & sleep 600")
+	d := dialer(t, s, creds)
+	conn, wel, err := d.Open(context.Background(), session.Request{Memory: "1Gi"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg := filepath.Join(w.CgroupFS, w.cgroupPath(wel.Session))
+	if b, _ := os.ReadFile(filepath.Join(cg, "cgroup.procs")); len(strings.Fields(string(b))) == 0 {
+		t.Fatalf("no process in the session's cgroup %s", cg)
+	}
+	conn.Close()
+	start := time.Now()
+	simtest.Eventually(t, 10*time.Second, func() error {
+		if _, err := os.Stat(cg); !os.IsNotExist(err) {
+			return fmt.Errorf("cgroup %s still there", cg)
+		}
+		return nil
+	})
+	if d := time.Since(start); d < stopGrace/2 || d > 8*time.Second {
+		t.Errorf("the stuck worker went after %v, want about %v", d, stopGrace)
 	}
 }
