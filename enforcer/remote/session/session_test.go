@@ -150,3 +150,17 @@ func FuzzRequest(f *testing.F) {
 		}
 	})
 }
+
+// FuzzAnswers: a client reads what any server sends without failing in
+// any way but an error.
+func FuzzAnswers(f *testing.F) {
+	f.Add([]byte(`{"session":"s-1","gpu":"GPU-1","memoryBytes":8589934592,"weight":2,"priority":"high"}`))
+	f.Add([]byte(`{"node":"n","gpus":[{"index":0,"uuid":"GPU-1","name":"x","totalBytes":1,"freeBytes":1}]}`))
+	f.Add([]byte(`{"error":"not enough free memory"}`))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var w Welcome
+		var l GPUList
+		_ = Decode(b, &w)
+		_ = Decode(b, &l)
+	})
+}
