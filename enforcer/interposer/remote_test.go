@@ -148,23 +148,10 @@ var remoteOnlyChecks = map[string]string{
 	// Managed memory is refused remotely (README.md): its attributes are 0
 	// and cuMemAllocManaged is CUDA_ERROR_NOT_SUPPORTED.
 	"device/attributes":              "managed memory",
-	"context/none-current":           "managed memory",
 	"context/destroy-returns-memory": "managed memory",
 	"memory/out-of-memory":           "managed memory",
 	"memory/fill-device":             "managed memory",
 	"memory/managed":                 "managed memory",
-	// Frees, copies to the device, memsets and launches are asynchronous:
-	// a bad pointer or launch size is reported at the next synchronizing
-	// call, not by the call itself, and that next call may be the first
-	// of the check that follows.
-	"memory/alloc-bad-args":   "asynchronous error",
-	"memory/async-bad-args":   "asynchronous error",
-	"copy/out-of-range":       "asynchronous error",
-	"launch/bad-dims":         "asynchronous error",
-	"context/synchronize":     "the previous check's asynchronous error",
-	"memory/async-alloc-free": "the previous check's asynchronous error",
-	"memory/pool-device":      "the previous check's asynchronous error",
-	"vmm/map-shared":          "the previous check's asynchronous error",
 }
 
 // TestRemoteCUDAConformance runs cuda-check remotely against simgpu alone
@@ -253,8 +240,9 @@ func TestRemoteQuota(t *testing.T) {
 	}
 }
 
-// TestRemoteAsyncError: a launch the driver refuses is accepted at once and
-// reported by the next synchronizing call, once.
+// TestRemoteAsyncError: a launch the driver refuses (its parameter buffer is
+// too short for the kernel, which only the driver knows) is accepted at once
+// and reported by the next synchronizing call, once.
 func TestRemoteAsyncError(t *testing.T) {
 	m := simtest.NewMachine(t, 1, "8Gi")
 	bin := simtest.Bin(t, "interposer/gw-remote")

@@ -44,7 +44,6 @@ static struct {
     pthread_cond_t cv;  /* a reply arrived, or the session died */
     int fd;
     int state; /* 0 not connected, 1 connected, 2 dead */
-    pid_t pid; /* the process that connected: a forked child starts over */
     struct waiter *waiters;
 
     pthread_mutex_t send_mu; /* the batch and the socket's write side */
@@ -64,7 +63,8 @@ static _Atomic uint64_t g_ids = 0x100;
 
 uint64_t gwr_new_id(void) { return atomic_fetch_add_explicit(&g_ids, 16, memory_order_relaxed); }
 
-int gwr_connected(void) { return __atomic_load_n(&S.state, __ATOMIC_ACQUIRE) == 1 && S.pid == getpid(); }
+/* A forked child's state is reset to 0 by the fork handler: no getpid here. */
+int gwr_connected(void) { return __atomic_load_n(&S.state, __ATOMIC_ACQUIRE) == 1; }
 
 int gwr_dead(void) { return __atomic_load_n(&S.state, __ATOMIC_ACQUIRE) == 2; }
 
@@ -229,6 +229,7 @@ static void reset_after_fork(void) {
     S.state = 0;
     S.waiters = NULL;
     S.nbatch = 0;
+    gwr_alloc_forget_all();
 }
 
 static CUresult hello(int fd) {
@@ -302,7 +303,6 @@ CUresult gwr_connect(void) {
     pthread_attr_init(&at);
     pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
     S.fd = fd;
-    S.pid = getpid();
     S.state = 1;
     if (pthread_create(&t, &at, reader, (void *)(intptr_t)fd) || pthread_create(&t, &at, flusher, NULL)) {
         S.state = 2; /* a thread is missing: nothing could be answered */

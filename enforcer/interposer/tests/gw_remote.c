@@ -4,7 +4,7 @@
  *
  *   params        a record kernel's parameter bytes, by kernelParams and by extra
  *   quota BYTES   memory total by CUDA and NVML; an allocation over BYTES
- *   async         a launch with bad dimensions, then two synchronizations
+ *   async         a launch with too short a parameter buffer, then two synchronizations
  *   hold          prints "ready", then synchronizes until a call fails
  *   module        loads a 200 KiB described image and launches its kernel
  *   launches N    N empty launches, a sync every 1000: BENCH launches per second
@@ -134,17 +134,20 @@ static int quota(unsigned long long limit) {
     return 0;
 }
 
-/* A launch of more threads per block than the device has: the driver
- * refuses it at once, a remote session at the next synchronization. */
+/* A launch whose packed `extra` buffer is shorter than the kernel's
+ * parameters: the driver refuses it at once, a remote session (which sends
+ * the buffer as is) at the next synchronization. */
 static int async_error(void) {
     setup();
     CUmodule m;
     CUfunction f;
     CHECK(cuModuleLoadData(&m, record_image));
-    CHECK(cuModuleGetFunction(&f, m, "sleep"));
-    uint64_t ns = 1000;
-    void *kp[] = {&ns};
-    printf("launch %s\n", name(cuLaunchKernel(f, 1, 1, 1, 4096, 1, 1, 0, NULL, kp, NULL)));
+    CHECK(cuModuleGetFunction(&f, m, "rec"));
+    CUdeviceptr out;
+    CHECK(cuMemAlloc_v2(&out, 4096));
+    size_t size = sizeof out;
+    void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &out, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
+    printf("launch %s\n", name(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, extra)));
     printf("sync %s\n", name(cuCtxSynchronize()));
     printf("sync-again %s\n", name(cuCtxSynchronize()));
     return 0;
