@@ -9,6 +9,7 @@
  *   module        loads a 200 KiB described image and launches its kernel
  *   launches N    N empty launches, a sync every 1000: BENCH launches per second
  *   bandwidth MIB host-to-device and device-to-host copies of MIB MiB: BENCH MiB/s
+ *   roundtrip N   N synchronous calls (cuCtxSynchronize on an idle context): BENCH us per call
  *   threads N     N threads, each with its own stream, launching, filling and reading back
  *   fork          prints "ready", waits for a line on stdin, forks: the child uses the GPU
  *                 in a session of its own, then the parent goes on in its own
@@ -233,6 +234,15 @@ static int bandwidth(size_t mib) {
     return 0;
 }
 
+static int roundtrip(long n) {
+    setup();
+    CHECK(cuCtxSynchronize());
+    double t0 = now_s();
+    for (long i = 0; i < n; i++) CHECK(cuCtxSynchronize());
+    printf("BENCH sync_call_us %.2f us\n", (now_s() - t0) / (double)n * 1e6);
+    return 0;
+}
+
 static CUcontext g_ctx;
 static CUfunction g_sleep;
 
@@ -319,8 +329,9 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "module")) return module();
     if (!strcmp(cmd, "launches") && argc > 2) return launches(atol(argv[2]));
     if (!strcmp(cmd, "bandwidth") && argc > 2) return bandwidth((size_t)atol(argv[2]));
+    if (!strcmp(cmd, "roundtrip") && argc > 2) return roundtrip(atol(argv[2]));
     if (!strcmp(cmd, "threads") && argc > 2) return threads(atoi(argv[2]));
     if (!strcmp(cmd, "fork")) return fork_check();
-    fprintf(stderr, "usage: gw-remote params|quota BYTES|async|hold|module|launches N|bandwidth MIB|threads N|fork\n");
+    fprintf(stderr, "usage: gw-remote params|quota BYTES|async|hold|module|launches N|bandwidth MIB|roundtrip N|threads N|fork\n");
     return 2;
 }
