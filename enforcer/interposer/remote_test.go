@@ -401,6 +401,53 @@ func TestRemoteBadEnv(t *testing.T) {
 	}
 }
 
+// TestRemoteWorkerFd serves a session as the agent does: it accepts the
+// client's connection itself and hands the worker the connected socket.
+func TestRemoteWorkerFd(t *testing.T) {
+	m := simtest.NewMachine(t, 1, "8Gi")
+	dir, err := os.MkdirTemp("", "gwr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	l, err := net.Listen("unix", filepath.Join(dir, "s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	w := &worker{sock: filepath.Join(dir, "s")}
+	client := w.remote(t, simtest.Bin(t, "interposer/gw-remote"), "params")
+	var out, stderr bytes.Buffer
+	client.Stdout, client.Stderr = &out, &stderr
+	if err := client.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := c.(*net.UnixConn).File()
+	c.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(simtest.Bin(t, "gpuwarden-worker"), "--fd", "3")
+	cmd.Env = append(append(cleanEnv(), m.Env()...), "LD_LIBRARY_PATH="+filepath.Dir(simtest.Bin(t, "simgpu/libcuda.so.1")))
+	cmd.ExtraFiles = []*os.File{f}
+	var werr bytes.Buffer
+	cmd.Stderr = &werr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := client.Wait(); err != nil || out.String() != "params ok 9 params 61 bytes\n" {
+		t.Errorf("client: %v, %q; stderr:\n%s", err, out.String(), stderr.String())
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("worker: %v; stderr:\n%s", err, werr.String())
+	}
+}
+
 // TestRemoteMalformedFrame: a frame that breaks the protocol ends the
 // worker with a stderr line and a non-zero status, not a crash.
 func TestRemoteMalformedFrame(t *testing.T) {
