@@ -257,6 +257,17 @@ func TestRemoteAsyncError(t *testing.T) {
 	}
 }
 
+// TestRemoteFlush: queued work is sent without waiting for a synchronous
+// call: a program that launches and then sleeps has its kernel run.
+func TestRemoteFlush(t *testing.T) {
+	m := simtest.NewMachine(t, 1, "8Gi")
+	w := startWorker(t, m, true, "GPUWARDEN_MEMORY_LIMIT=2Gi")
+	out, _ := output(t, w.remote(t, simtest.Bin(t, "interposer/gw-remote"), "flush"))
+	if out != "query CUDA_SUCCESS\n" {
+		t.Errorf("got %q: the 100 ms kernel had not run 500 ms after its launch", out)
+	}
+}
+
 // TestRemoteThreads: threads of one client, each on its own stream, share
 // the session; every reply reaches the thread that asked.
 func TestRemoteThreads(t *testing.T) {

@@ -11,6 +11,8 @@
  *   bandwidth MIB host-to-device and device-to-host copies of MIB MiB: BENCH MiB/s
  *   roundtrip N   N synchronous calls (cuCtxSynchronize on an idle context): BENCH us per call
  *   threads N     N threads, each with its own stream, launching, filling and reading back
+ *   flush         launches a 100 ms kernel and an event, sleeps 500 ms, queries the event:
+ *                 done, unless the launch waited for the query to be sent
  *   fork          prints "ready", waits for a line on stdin, forks: the child uses the GPU
  *                 in a session of its own, then the parent goes on in its own
  */
@@ -243,6 +245,24 @@ static int roundtrip(long n) {
     return 0;
 }
 
+static int flush(void) {
+    setup();
+    CUmodule m;
+    CUfunction f;
+    CUevent e;
+    CHECK(cuModuleLoadData(&m, record_image));
+    CHECK(cuModuleGetFunction(&f, m, "sleep"));
+    CHECK(cuEventCreate(&e, 0));
+    CHECK(cuCtxSynchronize());
+    uint64_t ns = 100 * 1000000ull;
+    void *kp[] = {&ns};
+    CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, kp, NULL));
+    CHECK(cuEventRecord(e, NULL));
+    usleep(500000);
+    printf("query %s\n", name(cuEventQuery(e)));
+    return 0;
+}
+
 static CUcontext g_ctx;
 static CUfunction g_sleep;
 
@@ -332,6 +352,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "roundtrip") && argc > 2) return roundtrip(atol(argv[2]));
     if (!strcmp(cmd, "threads") && argc > 2) return threads(atoi(argv[2]));
     if (!strcmp(cmd, "fork")) return fork_check();
-    fprintf(stderr, "usage: gw-remote params|quota BYTES|async|hold|module|launches N|bandwidth MIB|roundtrip N|threads N|fork\n");
+    if (!strcmp(cmd, "flush")) return flush();
+    fprintf(stderr, "usage: gw-remote params|quota BYTES|async|hold|module|launches N|bandwidth MIB|roundtrip N|threads N|flush|fork\n");
     return 2;
 }
