@@ -148,23 +148,10 @@ var remoteOnlyChecks = map[string]string{
 	// Managed memory is refused remotely (README.md): its attributes are 0
 	// and cuMemAllocManaged is CUDA_ERROR_NOT_SUPPORTED.
 	"device/attributes":              "managed memory",
-	"context/none-current":           "managed memory",
 	"context/destroy-returns-memory": "managed memory",
 	"memory/out-of-memory":           "managed memory",
 	"memory/fill-device":             "managed memory",
 	"memory/managed":                 "managed memory",
-	// Frees, copies to the device, memsets and launches are asynchronous:
-	// a bad pointer or launch size is reported at the next synchronizing
-	// call, not by the call itself, and that next call may be the first
-	// of the check that follows.
-	"memory/alloc-bad-args":   "asynchronous error",
-	"memory/async-bad-args":   "asynchronous error",
-	"copy/out-of-range":       "asynchronous error",
-	"launch/bad-dims":         "asynchronous error",
-	"context/synchronize":     "the previous check's asynchronous error",
-	"memory/async-alloc-free": "the previous check's asynchronous error",
-	"memory/pool-device":      "the previous check's asynchronous error",
-	"vmm/map-shared":          "the previous check's asynchronous error",
 }
 
 // TestRemoteCUDAConformance runs cuda-check remotely against simgpu alone
@@ -253,8 +240,9 @@ func TestRemoteQuota(t *testing.T) {
 	}
 }
 
-// TestRemoteAsyncError: a launch the driver refuses is accepted at once and
-// reported by the next synchronizing call, once.
+// TestRemoteAsyncError: a launch the driver refuses (its parameter buffer is
+// too short for the kernel, which only the driver knows) is accepted at once
+// and reported by the next synchronizing call, once.
 func TestRemoteAsyncError(t *testing.T) {
 	m := simtest.NewMachine(t, 1, "8Gi")
 	bin := simtest.Bin(t, "interposer/gw-remote")
@@ -266,6 +254,17 @@ func TestRemoteAsyncError(t *testing.T) {
 	remote, _ := output(t, w.remote(t, bin, "async"))
 	if want := "launch CUDA_SUCCESS\nsync CUDA_ERROR_INVALID_VALUE\nsync-again CUDA_SUCCESS\n"; remote != want {
 		t.Errorf("remote: got\n%swant\n%s", remote, want)
+	}
+}
+
+// TestRemoteFlush: queued work is sent without waiting for a synchronous
+// call: a program that launches and then sleeps has its kernel run.
+func TestRemoteFlush(t *testing.T) {
+	m := simtest.NewMachine(t, 1, "8Gi")
+	w := startWorker(t, m, true, "GPUWARDEN_MEMORY_LIMIT=2Gi")
+	out, _ := output(t, w.remote(t, simtest.Bin(t, "interposer/gw-remote"), "flush"))
+	if out != "query CUDA_SUCCESS\n" {
+		t.Errorf("got %q: the 100 ms kernel had not run 500 ms after its launch", out)
 	}
 }
 
@@ -410,6 +409,53 @@ func TestRemoteBadEnv(t *testing.T) {
 			!strings.Contains(lines[0], "GPUWARDEN_REMOTE") {
 			t.Errorf("GPUWARDEN_REMOTE=%s: stderr %q, want one line naming the variable", v, stderr.String())
 		}
+	}
+}
+
+// TestRemoteWorkerFd serves a session as the agent does: it accepts the
+// client's connection itself and hands the worker the connected socket.
+func TestRemoteWorkerFd(t *testing.T) {
+	m := simtest.NewMachine(t, 1, "8Gi")
+	dir, err := os.MkdirTemp("", "gwr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	l, err := net.Listen("unix", filepath.Join(dir, "s"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	w := &worker{sock: filepath.Join(dir, "s")}
+	client := w.remote(t, simtest.Bin(t, "interposer/gw-remote"), "params")
+	var out, stderr bytes.Buffer
+	client.Stdout, client.Stderr = &out, &stderr
+	if err := client.Start(); err != nil {
+		t.Fatal(err)
+	}
+	c, err := l.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := c.(*net.UnixConn).File()
+	c.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(simtest.Bin(t, "gpuwarden-worker"), "--fd", "3")
+	cmd.Env = append(append(cleanEnv(), m.Env()...), "LD_LIBRARY_PATH="+filepath.Dir(simtest.Bin(t, "simgpu/libcuda.so.1")))
+	cmd.ExtraFiles = []*os.File{f}
+	var werr bytes.Buffer
+	cmd.Stderr = &werr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	f.Close()
+	if err := client.Wait(); err != nil || out.String() != "params ok 9 params 61 bytes\n" {
+		t.Errorf("client: %v, %q; stderr:\n%s", err, out.String(), stderr.String())
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Errorf("worker: %v; stderr:\n%s", err, werr.String())
 	}
 }
 

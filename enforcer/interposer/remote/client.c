@@ -4,9 +4,11 @@
  * Asynchronous frames go into a batch that is written when a synchronous
  * call needs its reply, when the batch reaches GWR_BATCH bytes, or by the
  * flusher thread within GWR_FLUSH_NS of the batch's first frame, so a
- * program that launches and then sleeps still gets its work run. A reader
- * thread matches replies to the calls waiting for them by seq. When the
- * socket ends, every call, waiting ones included, fails at once with
+ * program that launches and then sleeps still gets its work run. Replies
+ * are read by one of the calls waiting for them at a time (the leader),
+ * which hands each to its caller by seq: a single-threaded program reads
+ * its own reply, with no thread in between. When the socket ends, every
+ * call, waiting ones included, fails at once with
  * CUDA_ERROR_DEVICE_UNAVAILABLE. */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -44,7 +46,7 @@ static struct {
     pthread_cond_t cv;  /* a reply arrived, or the session died */
     int fd;
     int state; /* 0 not connected, 1 connected, 2 dead */
-    pid_t pid; /* the process that connected: a forked child starts over */
+    int reading; /* a waiting call reads replies for all */
     struct waiter *waiters;
 
     pthread_mutex_t send_mu; /* the batch and the socket's write side */
@@ -64,18 +66,19 @@ static _Atomic uint64_t g_ids = 0x100;
 
 uint64_t gwr_new_id(void) { return atomic_fetch_add_explicit(&g_ids, 16, memory_order_relaxed); }
 
-int gwr_connected(void) { return __atomic_load_n(&S.state, __ATOMIC_ACQUIRE) == 1 && S.pid == getpid(); }
+/* A forked child's state is reset to 0 by the fork handler: no getpid here. */
+int gwr_connected(void) { return __atomic_load_n(&S.state, __ATOMIC_ACQUIRE) == 1; }
 
 int gwr_dead(void) { return __atomic_load_n(&S.state, __ATOMIC_ACQUIRE) == 2; }
 
-/* kill_session marks the session dead and ends the reader, which then
- * wakes every waiting call: only the reader may, since it may be writing
- * into a waiting call's buffer until it stops. */
+/* kill_session marks the session dead; the reading call's read then fails,
+ * and it wakes every waiting call: only it may, since it may be writing into
+ * a waiting call's buffer until its read returns. */
 static void kill_session(void) {
     pthread_mutex_lock(&S.mu);
     if (S.state == 1) {
         __atomic_store_n(&S.state, 2, __ATOMIC_RELEASE);
-        shutdown(S.fd, SHUT_RDWR); /* the reader and any writer return at once */
+        shutdown(S.fd, SHUT_RDWR); /* any read or write returns at once */
     }
     pthread_mutex_unlock(&S.mu);
     pthread_cond_broadcast(&S.send_cv); /* the flusher ends */
@@ -102,9 +105,12 @@ static int read_full(int fd, void *dst, size_t n) {
     return 0;
 }
 
+/* write_iov writes it all; MSG_NOSIGNAL: a dead worker is an error to
+ * report, not a SIGPIPE that kills the program. */
 static int write_iov(int fd, struct iovec *v, int n) {
     while (n) {
-        ssize_t w = writev(fd, v, n);
+        struct msghdr m = {.msg_iov = v, .msg_iovlen = (size_t)n};
+        ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
         if (w < 0 && errno == EINTR) continue;
         if (w < 0) return -1;
         while (n && (size_t)w >= v->iov_len) w -= (ssize_t)v->iov_len, v++, n--;
@@ -119,42 +125,36 @@ static struct waiter *find_waiter(uint32_t seq) {
     return NULL;
 }
 
-/* reader: replies to their callers. Bulk data is read straight into the
- * caller's buffer: the waiter stays registered, and its buffer valid, until
- * this thread marks it done. */
-static void *reader(void *arg) {
-    int fd = (int)(intptr_t)arg;
-    static uint8_t scratch[GWR_MAX_PAYLOAD];
-    for (;;) {
-        uint8_t hb[GWR_HDR_SIZE];
-        struct gwr_hdr h;
-        if (read_full(fd, hb, sizeof hb) || gwr_get_hdr(hb, &h)) break;
-        pthread_mutex_lock(&S.mu);
-        struct waiter *w = find_waiter(h.seq);
-        pthread_mutex_unlock(&S.mu);
-        if (h.op == GWR_OP_DATA) {
-            uint64_t off;
-            if (h.len < 8 || read_full(fd, &off, 8)) break;
-            size_t n = h.len - 8;
-            if (!w || off > w->nbulk || n > w->nbulk - off) break; /* data nobody asked for */
-            if (read_full(fd, w->bulk + off, n)) break;
-            continue;
-        }
-        if (h.op != GWR_OP_REPLY || h.len < 4 || read_full(fd, scratch, h.len) || !w) break;
-        uint32_t res;
-        memcpy(&res, scratch, 4);
-        size_t n = h.len - 4;
-        pthread_mutex_lock(&S.mu);
-        w->result = (CUresult)res;
-        w->nout = n < w->cap ? n : w->cap;
-        if (w->out) memcpy(w->out, scratch + 4, w->nout);
-        w->done = 1;
-        pthread_cond_broadcast(&S.cv);
-        pthread_mutex_unlock(&S.mu);
+/* read_one reads one frame and hands it to its caller; -1: the session is
+ * over. Bulk data is read straight into the caller's buffer: the waiter
+ * stays registered, and its buffer valid, until it is marked done here. */
+static int read_one(int fd) {
+    static uint8_t scratch[GWR_MAX_PAYLOAD]; /* only the reading call uses it */
+    uint8_t hb[GWR_HDR_SIZE];
+    struct gwr_hdr h;
+    if (read_full(fd, hb, sizeof hb) || gwr_get_hdr(hb, &h)) return -1;
+    pthread_mutex_lock(&S.mu);
+    struct waiter *w = find_waiter(h.seq);
+    pthread_mutex_unlock(&S.mu);
+    if (h.op == GWR_OP_DATA) {
+        uint64_t off;
+        if (h.len < 8 || read_full(fd, &off, 8)) return -1;
+        size_t n = h.len - 8;
+        if (!w || off > w->nbulk || n > w->nbulk - off) return -1; /* data nobody asked for */
+        return read_full(fd, w->bulk + off, n);
     }
-    kill_session();
-    wake_all_dead();
-    return NULL;
+    if (h.op != GWR_OP_REPLY || h.len < 4 || read_full(fd, scratch, h.len) || !w) return -1;
+    uint32_t res;
+    memcpy(&res, scratch, 4);
+    size_t n = h.len - 4;
+    pthread_mutex_lock(&S.mu);
+    w->result = (CUresult)res;
+    w->nout = n < w->cap ? n : w->cap;
+    if (w->out) memcpy(w->out, scratch + 4, w->nout);
+    w->done = 1;
+    pthread_cond_broadcast(&S.cv);
+    pthread_mutex_unlock(&S.mu);
+    return 0;
 }
 
 /* flush_locked writes the batch; send_mu is held. */
@@ -228,7 +228,9 @@ static void reset_after_fork(void) {
     S.fd = -1;
     S.state = 0;
     S.waiters = NULL;
+    S.reading = 0;
     S.nbatch = 0;
+    gwr_alloc_forget_all();
 }
 
 static CUresult hello(int fd) {
@@ -302,9 +304,8 @@ CUresult gwr_connect(void) {
     pthread_attr_init(&at);
     pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
     S.fd = fd;
-    S.pid = getpid();
     S.state = 1;
-    if (pthread_create(&t, &at, reader, (void *)(intptr_t)fd) || pthread_create(&t, &at, flusher, NULL)) {
+    if (pthread_create(&t, &at, flusher, NULL)) {
         S.state = 2; /* a thread is missing: nothing could be answered */
         shutdown(fd, SHUT_RDWR);
         rc = CUDA_ERROR_OUT_OF_MEMORY;
@@ -333,9 +334,24 @@ CUresult gwr_call(uint16_t op, const void *a, size_t na, const void *b, size_t n
     w.next = S.waiters;
     S.waiters = &w;
     pthread_mutex_unlock(&S.mu);
-    send_frame(op, GWR_F_SYNC, seq, a, na, b, nb, 1); /* a failure wakes us as dead */
+    send_frame(op, GWR_F_SYNC, seq, a, na, b, nb, 1); /* a failure ends the read below */
     pthread_mutex_lock(&S.mu);
-    while (!w.done) pthread_cond_wait(&S.cv, &S.mu);
+    while (!w.done) {
+        if (S.reading) { /* another call reads: it hands us our reply */
+            pthread_cond_wait(&S.cv, &S.mu);
+            continue;
+        }
+        S.reading = 1;
+        int fd = S.fd;
+        pthread_mutex_unlock(&S.mu);
+        if (read_one(fd)) {
+            kill_session();
+            wake_all_dead();
+        }
+        pthread_mutex_lock(&S.mu);
+        S.reading = 0;
+        pthread_cond_broadcast(&S.cv); /* a call still waiting reads next */
+    }
     for (struct waiter **pp = &S.waiters; *pp; pp = &(*pp)->next)
         if (*pp == &w) {
             *pp = w.next;

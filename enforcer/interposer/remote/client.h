@@ -18,6 +18,7 @@ struct CUctx_st {
     uint64_t id;
     int dev;
     int primary;
+    int refs; /* primary contexts: this process's retains */
 };
 
 /* handles.c: streams, events, modules, graphs, graph execs and pools */
@@ -31,6 +32,14 @@ struct gwr_obj {
 void *gwr_obj_new(uint32_t kind);                   /* NULL: out of memory */
 uint64_t gwr_obj_id(const void *h, uint32_t kind); /* 0: not a live handle of that kind */
 void gwr_obj_free(void *h);
+
+/* allocs.c: the session's device memory, as this process allocated and mapped it */
+void gwr_alloc_add(uint64_t base, uint64_t bytes, uint64_t ctx, int mapped);
+int gwr_alloc_take(uint64_t base); /* 0, or -1: no allocation starts there */
+void gwr_alloc_unmap(uint64_t base, uint64_t bytes);
+int gwr_alloc_has(uint64_t p, uint64_t n);
+void gwr_alloc_drop_ctx(uint64_t ctx);
+void gwr_alloc_forget_all(void);
 
 /* client.c: the session with the worker */
 CUresult gwr_connect(void);                 /* once per process (and again after fork) */

@@ -259,7 +259,10 @@ GWR_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     pthread_mutex_unlock(&g_primary_mu);
     if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
     CUresult rc = rq(GWR_OP_PRIMARY_RETAIN, NULL, 0, "qi", Q(c->id), I(dev));
-    if (!rc) *pctx = c;
+    if (!rc) {
+        __atomic_fetch_add(&c->refs, 1, __ATOMIC_RELAXED);
+        *pctx = c;
+    }
     return rc;
 }
 
@@ -267,9 +270,12 @@ GWR_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     READY();
     if (dev < 0 || dev >= 64) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_primary_mu);
-    uint64_t id = g_primary[dev] ? g_primary[dev]->id : 0;
+    struct CUctx_st *c = g_primary[dev];
     pthread_mutex_unlock(&g_primary_mu);
-    return rq(GWR_OP_PRIMARY_RELEASE, NULL, 0, "qi", Q(id), I(dev));
+    CUresult rc = rq(GWR_OP_PRIMARY_RELEASE, NULL, 0, "qi", Q(c ? c->id : 0), I(dev));
+    if (!rc && c && __atomic_sub_fetch(&c->refs, 1, __ATOMIC_RELAXED) == 0)
+        gwr_alloc_drop_ctx(c->id); /* the last release destroys it, and its memory */
+    return rc;
 }
 
 static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev) {
@@ -313,6 +319,7 @@ GWR_EXPORT CUresult cuCtxDestroy_v2(CUcontext ctx) {
     if (rc) return rc;
     if (tl_depth && tl_stack[tl_depth - 1] == ctx) tl_depth--;
     ctx->magic = 0;
+    gwr_alloc_drop_ctx(ctx->id); /* its memory went with it */
     return CUDA_SUCCESS;
 }
 
@@ -381,7 +388,10 @@ GWR_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
     if (!dptr) return CUDA_ERROR_INVALID_VALUE;
     uint64_t p;
     CUresult rc = rq(GWR_OP_MEM_ALLOC, &p, 8, "q", Q(bytesize));
-    if (!rc) *dptr = p;
+    if (!rc) {
+        gwr_alloc_add(p, bytesize, gwr_cur_ctx(), 0);
+        *dptr = p;
+    }
     return rc;
 }
 
@@ -391,7 +401,10 @@ GWR_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t
     if (!dptr || !pPitch) return CUDA_ERROR_INVALID_VALUE;
     uint64_t out[2];
     CUresult rc = rq(GWR_OP_MEM_ALLOC_PITCH, out, 16, "qqi", Q(WidthInBytes), Q(Height), I(ElementSizeBytes));
-    if (!rc) *dptr = out[0], *pPitch = out[1];
+    if (!rc) {
+        gwr_alloc_add(out[0], out[1] * Height, gwr_cur_ctx(), 0);
+        *dptr = out[0], *pPitch = out[1];
+    }
     return rc;
 }
 
@@ -399,7 +412,9 @@ GWR_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *dptr, size_t *pPitch, size_t
  * network; it is refused, as README.md says. */
 GWR_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsigned int flags) {
     (void)dptr, (void)bytesize, (void)flags;
-    READY();
+    struct CUctx_st *c;
+    CUresult rc = current(&c);
+    if (rc) return rc;
     static int said;
     if (!__atomic_exchange_n(&said, 1, __ATOMIC_RELAXED))
         fprintf(stderr, "gpuwarden: cuMemAllocManaged: managed memory is not supported on a remote GPU\n");
@@ -407,7 +422,11 @@ GWR_EXPORT CUresult cuMemAllocManaged(CUdeviceptr *dptr, size_t bytesize, unsign
 }
 
 GWR_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
-    READY();
+    struct CUctx_st *c;
+    CUresult rc = current(&c);
+    if (rc) return rc;
+    if (!dptr) return CUDA_SUCCESS; /* freeing NULL is a no-op */
+    if (gwr_alloc_take(dptr)) return CUDA_ERROR_INVALID_VALUE;
     return aq(GWR_OP_MEM_FREE, "q", Q(dptr));
 }
 
@@ -428,7 +447,10 @@ static CUresult alloc_async(CUdeviceptr *dptr, size_t bytes, CUmemoryPool pool, 
     if (pool && !pid) return CUDA_ERROR_INVALID_VALUE;
     STREAM(s, sid);
     CUresult rc = rq(GWR_OP_MEM_ALLOC_ASYNC, &p, 8, "qqqi", Q(bytes), sid, pid, I(ptsz));
-    if (!rc) *dptr = p;
+    if (!rc) {
+        gwr_alloc_add(p, bytes, gwr_cur_ctx(), 0);
+        *dptr = p;
+    }
     return rc;
 }
 GWR_EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t n, CUstream s) { return alloc_async(d, n, NULL, s, 0); }
@@ -442,16 +464,16 @@ GWR_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *d, size_t n, CUmem
     return alloc_async(d, n, p, s, 1);
 }
 
-GWR_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s) {
-    READY();
+static CUresult free_async(CUdeviceptr dptr, CUstream s, uint32_t ptsz) {
+    struct CUctx_st *c;
+    CUresult rc = current(&c);
+    if (rc) return rc;
     STREAM(s, sid);
-    return aq(GWR_OP_MEM_FREE_ASYNC, "qqi", Q(dptr), sid, I(0));
+    if (gwr_alloc_take(dptr)) return CUDA_ERROR_INVALID_VALUE;
+    return aq(GWR_OP_MEM_FREE_ASYNC, "qqi", Q(dptr), sid, ptsz);
 }
-GWR_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s) {
-    READY();
-    STREAM(s, sid);
-    return aq(GWR_OP_MEM_FREE_ASYNC, "qqi", Q(dptr), sid, I(1));
-}
+GWR_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr, CUstream s) { return free_async(dptr, s, 0); }
+GWR_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream s) { return free_async(dptr, s, 1); }
 
 GWR_EXPORT CUresult cuMemPoolCreate(CUmemoryPool *pool, const CUmemPoolProps *poolProps) {
     READY();
@@ -523,12 +545,16 @@ GWR_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
 GWR_EXPORT CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
                              unsigned long long flags) {
     READY();
-    return rq(GWR_OP_MEM_MAP, NULL, 0, "qqqqq", Q(ptr), Q(size), Q(offset), Q(handle), Q(flags));
+    CUresult rc = rq(GWR_OP_MEM_MAP, NULL, 0, "qqqqq", Q(ptr), Q(size), Q(offset), Q(handle), Q(flags));
+    if (!rc) gwr_alloc_add(ptr, size, 0, 1);
+    return rc;
 }
 
 GWR_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
     READY();
-    return rq(GWR_OP_MEM_UNMAP, NULL, 0, "qq", Q(ptr), Q(size));
+    CUresult rc = rq(GWR_OP_MEM_UNMAP, NULL, 0, "qq", Q(ptr), Q(size));
+    if (!rc) gwr_alloc_unmap(ptr, size);
+    return rc;
 }
 
 GWR_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
@@ -542,15 +568,16 @@ GWR_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcce
 /* Host-to-device: the bytes go into the frames (the caller may reuse its
  * buffer at once), a chunk per frame. */
 GWR_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount) {
-    READY();
+    struct CUctx_st *c;
+    CUresult rc = current(&c);
+    if (rc) return rc;
     if (!ByteCount) return CUDA_SUCCESS;
-    if (!srcHost) return CUDA_ERROR_INVALID_VALUE;
+    if (!srcHost || !gwr_alloc_has(dstDevice, ByteCount)) return CUDA_ERROR_INVALID_VALUE;
     for (size_t off = 0; off < ByteCount; off += GWR_CHUNK) {
         size_t k = ByteCount - off < GWR_CHUNK ? ByteCount - off : GWR_CHUNK;
         uint8_t b[8];
         size_t n = gwr_encode(b, sizeof b, "q", Q(dstDevice + off));
-        CUresult rc = gwr_async(GWR_OP_HTOD, b, n, (const uint8_t *)srcHost + off, k);
-        if (rc) return rc;
+        if ((rc = gwr_async(GWR_OP_HTOD, b, n, (const uint8_t *)srcHost + off, k))) return rc;
     }
     return CUDA_SUCCESS;
 }
@@ -567,7 +594,11 @@ GWR_EXPORT CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t
 }
 
 GWR_EXPORT CUresult cuMemsetD8_v2(CUdeviceptr dstDevice, unsigned char uc, size_t N) {
-    READY();
+    struct CUctx_st *c;
+    CUresult rc = current(&c);
+    if (rc) return rc;
+    if (!N) return CUDA_SUCCESS;
+    if (!gwr_alloc_has(dstDevice, N)) return CUDA_ERROR_INVALID_VALUE;
     return aq(GWR_OP_MEMSET8, "qqi", Q(dstDevice), Q(N), I(uc));
 }
 
@@ -747,6 +778,21 @@ GWR_EXPORT CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_
     return CUDA_SUCCESS;
 }
 
+/* max_threads: the device's threads per block, asked once; a launch over it
+ * is refused at the call, as the driver refuses it. */
+static uint64_t max_threads(CUdevice dev) {
+    static int cache[64];
+    if (dev < 0 || dev >= 64) return UINT64_MAX;
+    int v = __atomic_load_n(&cache[dev], __ATOMIC_RELAXED);
+    if (!v) {
+        uint32_t got;
+        if (rq(GWR_OP_DEVICE_ATTR, &got, 4, "ii", I(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK), I(dev)) || !got)
+            return UINT64_MAX; /* the worker's driver will say */
+        __atomic_store_n(&cache[dev], v = (int)got, __ATOMIC_RELAXED);
+    }
+    return (uint64_t)v;
+}
+
 /* launch packs the parameters as the kernel lays them out (or takes the
  * caller's packed `extra` buffer as is) and queues the launch. */
 static CUresult launch(CUfunction f, const unsigned g[3], const unsigned b[3], unsigned shmem, CUstream s,
@@ -754,9 +800,15 @@ static CUresult launch(CUfunction f, const unsigned g[3], const unsigned b[3], u
                        unsigned nattrs) {
     READY();
     if (!func_valid(f)) return CUDA_ERROR_INVALID_HANDLE;
-    STREAM(s, sid);
-    if (kernelParams && extra) return CUDA_ERROR_INVALID_VALUE;
     if (!g[0] || !g[1] || !g[2] || !b[0] || !b[1] || !b[2]) return CUDA_ERROR_INVALID_VALUE;
+    if (kernelParams && extra) return CUDA_ERROR_INVALID_VALUE;
+    STREAM(s, sid);
+    struct CUctx_st *c = NULL;
+    if (sid <= 2) { /* a default stream: the current context's */
+        CUresult rc = current(&c);
+        if (rc) return rc;
+    }
+    if ((uint64_t)b[0] * b[1] * b[2] > max_threads(c ? c->dev : 0)) return CUDA_ERROR_INVALID_VALUE;
     if (nattrs > GWR_MAX_ATTRS || (nattrs && !attrs)) return CUDA_ERROR_INVALID_VALUE;
     uint8_t buf[GWR_MAX_ATTRS * GWR_ATTR_SIZE + GWR_MAX_PARAM_BYTES];
     size_t na = (size_t)nattrs * GWR_ATTR_SIZE, np = 0;

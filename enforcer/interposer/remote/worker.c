@@ -510,7 +510,7 @@ static nvmlReturn_t nvml_call(const struct gwr_req *r) {
         rc = nv.nvmlDeviceGetHandleByIndex_v2(index, &dev);
         if (rc) return rc;
     }
-    char s[256];
+    char s[256] = {0};
     unsigned u = 0;
     size_t len = arg < sizeof s ? arg : sizeof s;
     switch (fn) {

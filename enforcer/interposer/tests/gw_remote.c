@@ -4,12 +4,15 @@
  *
  *   params        a record kernel's parameter bytes, by kernelParams and by extra
  *   quota BYTES   memory total by CUDA and NVML; an allocation over BYTES
- *   async         a launch with bad dimensions, then two synchronizations
+ *   async         a launch with too short a parameter buffer, then two synchronizations
  *   hold          prints "ready", then synchronizes until a call fails
  *   module        loads a 200 KiB described image and launches its kernel
  *   launches N    N empty launches, a sync every 1000: BENCH launches per second
  *   bandwidth MIB host-to-device and device-to-host copies of MIB MiB: BENCH MiB/s
+ *   roundtrip N   N synchronous calls (cuCtxSynchronize on an idle context): BENCH us per call
  *   threads N     N threads, each with its own stream, launching, filling and reading back
+ *   flush         launches a 100 ms kernel and an event, sleeps 500 ms, queries the event:
+ *                 done, unless the launch waited for the query to be sent
  *   fork          prints "ready", waits for a line on stdin, forks: the child uses the GPU
  *                 in a session of its own, then the parent goes on in its own
  */
@@ -134,17 +137,20 @@ static int quota(unsigned long long limit) {
     return 0;
 }
 
-/* A launch of more threads per block than the device has: the driver
- * refuses it at once, a remote session at the next synchronization. */
+/* A launch whose packed `extra` buffer is shorter than the kernel's
+ * parameters: the driver refuses it at once, a remote session (which sends
+ * the buffer as is) at the next synchronization. */
 static int async_error(void) {
     setup();
     CUmodule m;
     CUfunction f;
     CHECK(cuModuleLoadData(&m, record_image));
-    CHECK(cuModuleGetFunction(&f, m, "sleep"));
-    uint64_t ns = 1000;
-    void *kp[] = {&ns};
-    printf("launch %s\n", name(cuLaunchKernel(f, 1, 1, 1, 4096, 1, 1, 0, NULL, kp, NULL)));
+    CHECK(cuModuleGetFunction(&f, m, "rec"));
+    CUdeviceptr out;
+    CHECK(cuMemAlloc_v2(&out, 4096));
+    size_t size = sizeof out;
+    void *extra[] = {CU_LAUNCH_PARAM_BUFFER_POINTER, &out, CU_LAUNCH_PARAM_BUFFER_SIZE, &size, CU_LAUNCH_PARAM_END};
+    printf("launch %s\n", name(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, extra)));
     printf("sync %s\n", name(cuCtxSynchronize()));
     printf("sync-again %s\n", name(cuCtxSynchronize()));
     return 0;
@@ -227,6 +233,33 @@ static int bandwidth(size_t mib) {
         return 1;
     }
     printf("BENCH htod_mib_per_sec %.0f MiB/s\nBENCH dtoh_mib_per_sec %.0f MiB/s\n", htod, dtoh);
+    return 0;
+}
+
+static int roundtrip(long n) {
+    setup();
+    CHECK(cuCtxSynchronize());
+    double t0 = now_s();
+    for (long i = 0; i < n; i++) CHECK(cuCtxSynchronize());
+    printf("BENCH sync_call_us %.2f us\n", (now_s() - t0) / (double)n * 1e6);
+    return 0;
+}
+
+static int flush(void) {
+    setup();
+    CUmodule m;
+    CUfunction f;
+    CUevent e;
+    CHECK(cuModuleLoadData(&m, record_image));
+    CHECK(cuModuleGetFunction(&f, m, "sleep"));
+    CHECK(cuEventCreate(&e, 0));
+    CHECK(cuCtxSynchronize());
+    uint64_t ns = 100 * 1000000ull;
+    void *kp[] = {&ns};
+    CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, kp, NULL));
+    CHECK(cuEventRecord(e, NULL));
+    usleep(500000);
+    printf("query %s\n", name(cuEventQuery(e)));
     return 0;
 }
 
@@ -316,8 +349,10 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "module")) return module();
     if (!strcmp(cmd, "launches") && argc > 2) return launches(atol(argv[2]));
     if (!strcmp(cmd, "bandwidth") && argc > 2) return bandwidth((size_t)atol(argv[2]));
+    if (!strcmp(cmd, "roundtrip") && argc > 2) return roundtrip(atol(argv[2]));
     if (!strcmp(cmd, "threads") && argc > 2) return threads(atoi(argv[2]));
     if (!strcmp(cmd, "fork")) return fork_check();
-    fprintf(stderr, "usage: gw-remote params|quota BYTES|async|hold|module|launches N|bandwidth MIB|threads N|fork\n");
+    if (!strcmp(cmd, "flush")) return flush();
+    fprintf(stderr, "usage: gw-remote params|quota BYTES|async|hold|module|launches N|bandwidth MIB|roundtrip N|threads N|flush|fork\n");
     return 2;
 }
