@@ -216,6 +216,7 @@ func TestRemoteSharing(t *testing.T) {
 		if sa == 0 || sb < 1.3*sa {
 			return fmt.Errorf("shares a %.2f b %.2f: want b well above a", sa, sb)
 		}
+		t.Logf("measured shares: team-a %.2f, team-b %.2f", sa, sb)
 		return nil
 	})
 	// Metrics: all three, with their labels.
