@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/link"
@@ -55,7 +56,7 @@ func SplitServer(s string) (string, int, error) {
 	host, portS, err := net.SplitHostPort(s)
 	if err != nil {
 		// No port: the whole string is the host (a bare IPv6 address too).
-		if ip := net.ParseIP(s); ip != nil || !containsColon(s) {
+		if ip := net.ParseIP(s); ip != nil || !strings.Contains(s, ":") {
 			return s, DefaultPort, nil
 		}
 		return "", 0, fmt.Errorf("server %q: %w", s, err)
@@ -65,15 +66,6 @@ func SplitServer(s string) (string, int, error) {
 		return "", 0, fmt.Errorf("server %q: want HOST[:PORT], a port from 1 to 65535", s)
 	}
 	return host, port, nil
-}
-
-func containsColon(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] == ':' {
-			return true
-		}
-	}
-	return false
 }
 
 // dial connects and completes the TLS handshake within the timeout.

@@ -194,7 +194,15 @@ func (s *Server) devices() ([]session.Device, error) {
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.addGrantsLocked(devs)
+	return devs, nil
+}
+
+// addGrantsLocked sets each device's grants and sessions from the running
+// sessions.
+func (s *Server) addGrantsLocked(devs []session.Device) {
 	for i := range devs {
+		devs[i].Granted, devs[i].Sessions = 0, 0
 		for _, a := range s.sessions {
 			if a.uuid == devs[i].UUID {
 				devs[i].Granted += a.granted
@@ -202,7 +210,6 @@ func (s *Server) devices() ([]session.Device, error) {
 			}
 		}
 	}
-	return devs, nil
 }
 
 func (s *Server) list() session.GPUList {
@@ -231,23 +238,15 @@ func (s *Server) session(l *link.Conn, id pki.Identity, req session.Request, log
 		refuse(err)
 		return
 	}
-	devs, err := s.devices()
+	devs, err := s.cfg.Devices()
 	if err != nil {
-		refuse(err)
+		refuse(fmt.Errorf("list GPUs: %w", err))
 		return
 	}
 	// Place and record under one lock, so two requests cannot both take
 	// the last free memory.
 	s.mu.Lock()
-	for i := range devs {
-		devs[i].Granted, devs[i].Sessions = 0, 0
-		for _, a := range s.sessions {
-			if a.uuid == devs[i].UUID {
-				devs[i].Granted += a.granted
-				devs[i].Sessions++
-			}
-		}
-	}
+	s.addGrantsLocked(devs)
 	placed, err := session.Place(v, devs)
 	switch {
 	case s.closed:
