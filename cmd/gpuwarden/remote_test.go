@@ -233,9 +233,14 @@ func TestRemoteSharing(t *testing.T) {
 			t.Errorf("no gpuwarden_container_compute_limit_ratio series with %v", want)
 		}
 	}
+	// smi on the GPU node names the remote clients.
+	out, err := r.server.Command(simtest.Bin(t, "gpuwarden"), "smi", "--agent", r.agent.Addr).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "team-a") || !strings.Contains(string(out), "train-b") {
+		t.Errorf("smi on the GPU node: %v:\n%s", err, out)
+	}
 	// A quota holds remotely: beyond 4Gi an allocation fails.
 	q := r.runCmd(t, "a", []string{"--memory", "2Gi"}, "workload", "--alloc", "1Gi", "--try-alloc", "2Gi", "--steps", "1")
-	out, _ := q.CombinedOutput()
+	out, _ = q.CombinedOutput()
 	if !strings.Contains(string(out), "try-alloc CUDA_ERROR_OUT_OF_MEMORY") {
 		t.Errorf("an allocation beyond a remote quota: %s", out)
 	}
