@@ -495,6 +495,9 @@ static nvmlReturn_t nvml_load(void) {
         NVML_FUNCS(NVML_LOAD)
 #undef NVML_LOAD
         if (state < 0) fprintf(stderr, "gpuwarden-worker: libnvidia-ml.so.1: %s\n", h ? "a function is missing" : dlerror());
+        /* initialised for the session: the client keeps its program's own
+         * init state (a forked child's session starts without an init frame) */
+        if (state > 0 && nv.nvmlInit_v2() != NVML_SUCCESS) state = -1;
     }
     return state > 0 ? NVML_SUCCESS : NVML_ERROR_LIBRARY_NOT_FOUND;
 }
