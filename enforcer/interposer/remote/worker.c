@@ -984,13 +984,18 @@ static int serve(void) {
     return 0;
 }
 
+/* listen_once binds a temporary name and renames it into place once it
+ * listens: whoever sees PATH can connect. */
 static int listen_once(const char *path) {
     struct sockaddr_un a = {.sun_family = AF_UNIX};
-    if (strlen(path) >= sizeof a.sun_path) die("--listen %s: path too long", path);
-    strcpy(a.sun_path, path);
+    int n = snprintf(a.sun_path, sizeof a.sun_path, "%s.%d", path, (int)getpid());
+    if (n < 0 || (size_t)n >= sizeof a.sun_path) die("--listen %s: path too long", path);
     int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    unlink(path);
-    if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) || listen(s, 1)) die("--listen %s: %s", path, strerror(errno));
+    unlink(a.sun_path);
+    if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) || listen(s, 1) || rename(a.sun_path, path)) {
+        unlink(a.sun_path);
+        die("--listen %s: %s", path, strerror(errno));
+    }
     int c = accept4(s, NULL, NULL, SOCK_CLOEXEC);
     if (c < 0) die("--listen %s: accept: %s", path, strerror(errno));
     close(s);
