@@ -28,8 +28,9 @@ static nvmlReturn_t call(uint32_t fn, unsigned index, uint32_t arg, uint64_t arg
                          size_t cap, size_t *got) {
     if (!gwr_connected()) {
         if (gwr_dead()) return NVML_ERROR_GPU_IS_LOST;
-        if (fn != GWR_NVML_INIT) return NVML_ERROR_UNINITIALIZED;
-        CUresult rc = gwr_connect(); /* NVML alone opens the session too */
+        /* NVML alone opens the session too, and so does a forked child's first call */
+        if (fn != GWR_NVML_INIT && !__atomic_load_n(&g_nvml_init, __ATOMIC_ACQUIRE)) return NVML_ERROR_UNINITIALIZED;
+        CUresult rc = gwr_connect();
         if (rc) return of_cuda(rc);
     }
     if (fn != GWR_NVML_INIT && !__atomic_load_n(&g_nvml_init, __ATOMIC_ACQUIRE)) return NVML_ERROR_UNINITIALIZED;

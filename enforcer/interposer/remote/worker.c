@@ -495,6 +495,9 @@ static nvmlReturn_t nvml_load(void) {
         NVML_FUNCS(NVML_LOAD)
 #undef NVML_LOAD
         if (state < 0) fprintf(stderr, "gpuwarden-worker: libnvidia-ml.so.1: %s\n", h ? "a function is missing" : dlerror());
+        /* initialised for the session: the client keeps its program's own
+         * init state (a forked child's session starts without an init frame) */
+        if (state > 0 && nv.nvmlInit_v2() != NVML_SUCCESS) state = -1;
     }
     return state > 0 ? NVML_SUCCESS : NVML_ERROR_LIBRARY_NOT_FOUND;
 }
@@ -981,13 +984,18 @@ static int serve(void) {
     return 0;
 }
 
+/* listen_once binds a temporary name and renames it into place once it
+ * listens: whoever sees PATH can connect. */
 static int listen_once(const char *path) {
     struct sockaddr_un a = {.sun_family = AF_UNIX};
-    if (strlen(path) >= sizeof a.sun_path) die("--listen %s: path too long", path);
-    strcpy(a.sun_path, path);
+    int n = snprintf(a.sun_path, sizeof a.sun_path, "%s.%d", path, (int)getpid());
+    if (n < 0 || (size_t)n >= sizeof a.sun_path) die("--listen %s: path too long", path);
     int s = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    unlink(path);
-    if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) || listen(s, 1)) die("--listen %s: %s", path, strerror(errno));
+    unlink(a.sun_path);
+    if (s < 0 || bind(s, (struct sockaddr *)&a, sizeof a) || listen(s, 1) || rename(a.sun_path, path)) {
+        unlink(a.sun_path);
+        die("--listen %s: %s", path, strerror(errno));
+    }
     int c = accept4(s, NULL, NULL, SOCK_CLOEXEC);
     if (c < 0) die("--listen %s: accept: %s", path, strerror(errno));
     close(s);

@@ -14,7 +14,7 @@
  *   flush         launches a 100 ms kernel and an event, sleeps 500 ms, queries the event:
  *                 done, unless the launch waited for the query to be sent
  *   fork          prints "ready", waits for a line on stdin, forks: the child uses the GPU
- *                 in a session of its own, then the parent goes on in its own
+ *                 (CUDA and NVML) in a session of its own, then the parent goes on in its own
  */
 #include <pthread.h>
 #include <stdint.h>
@@ -311,6 +311,10 @@ static int threads(int n) {
  * children re-initialise too); the parent's goes on untouched. */
 static int fork_check(void) {
     setup();
+    if (nvmlInit_v2()) {
+        printf("fail nvmlInit_v2\n");
+        return 1;
+    }
     CUdeviceptr d;
     CHECK(cuMemAlloc_v2(&d, 4096));
     CHECK(cuMemsetD8_v2(d, 0x5a, 4096));
@@ -328,7 +332,10 @@ static int fork_check(void) {
         CHECK(cuMemAlloc_v2(&e, 64));
         CHECK(cuMemsetD8_v2(e, 0xc3, 64));
         CHECK(cuMemcpyDtoH_v2(b, e, 64));
-        printf("child %s\n", b[0] == 0xc3 && b[63] == 0xc3 ? "ok" : "bad bytes");
+        nvmlDevice_t nd;
+        nvmlMemory_t mem;
+        if (nvmlDeviceGetHandleByIndex_v2(0, &nd) || nvmlDeviceGetMemoryInfo(nd, &mem) || !mem.total) b[0] = 0;
+        printf("child %s\n", b[0] == 0xc3 && b[63] == 0xc3 ? "ok" : "bad bytes or NVML");
         _exit(0);
     }
     int st;
