@@ -77,9 +77,7 @@ func (d *Dialer) dial(ctx context.Context) (*link.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s: %w", d.Addr, err)
 	}
-	if tc, ok := c.(*tls.Conn).NetConn().(*net.TCPConn); ok {
-		_ = tc.SetNoDelay(true)
-	}
+	link.Buffered(c.(*tls.Conn).NetConn())
 	return link.New(c, d.Timeout), nil
 }
 

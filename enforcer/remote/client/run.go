@@ -14,6 +14,7 @@ import (
 	"sync"
 	"syscall"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/link"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
 )
 
@@ -31,6 +32,7 @@ func Serve(lis net.Listener, d *Dialer, req session.Request, report func(format 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			link.Buffered(c)
 			l, w, err := d.Open(context.Background(), req)
 			if err != nil {
 				report("%v", err)

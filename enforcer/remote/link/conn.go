@@ -80,6 +80,24 @@ func (c *Conn) Expect(want Type) ([]byte, error) {
 // Close closes the underlying connection.
 func (c *Conn) Close() error { return c.c.Close() }
 
+// SocketBuffer is the kernel buffer each relayed socket asks for, each
+// way: bulk copies move megabytes, and a relay that wakes for every 200
+// KiB spends its time in system calls.
+const SocketBuffer = 4 << 20
+
+// Buffered asks for SocketBuffer on a TCP or unix socket; the kernel caps
+// it (net.core.rmem_max, wmem_max).
+func Buffered(c net.Conn) {
+	type buffers interface {
+		SetReadBuffer(int) error
+		SetWriteBuffer(int) error
+	}
+	if b, ok := c.(buffers); ok {
+		_ = b.SetReadBuffer(SocketBuffer)
+		_ = b.SetWriteBuffer(SocketBuffer)
+	}
+}
+
 // ErrDead is a link whose peer stopped answering.
 var ErrDead = errors.New("remote peer stopped answering")
 

@@ -135,7 +135,9 @@ func (s *Server) serve() {
 		s.mu.Unlock()
 		go func() {
 			defer s.wg.Done()
-			s.handle(c.(*tls.Conn))
+			tc := c.(*tls.Conn)
+			link.Buffered(tc.NetConn())
+			s.handle(tc)
 			s.mu.Lock()
 			delete(s.conns, c)
 			s.mu.Unlock()

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/link"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
 )
 
@@ -146,6 +147,9 @@ func (w Worker) start(name string, g session.Welcome, log *slog.Logger) (*proc, 
 	defer theirs.Close()
 	sock, err := net.FileConn(mine)
 	mine.Close()
+	if err == nil {
+		link.Buffered(sock)
+	}
 	if err != nil {
 		theirs.Close()
 		removeCgroup(dir)
