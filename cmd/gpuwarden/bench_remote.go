@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -72,7 +73,10 @@ func benchRemote(o benchOptions, stdout io.Writer) error {
 	}
 	parent := fmt.Sprintf("gpuwarden-bench-remote-%d", os.Getpid())
 	agent, _, err := m.startAgentIn(server.path, "127.0.0.1:0",
-		"GPUWARDEN_EBPF_ENABLED=false", // the same for local and remote: what is measured is the link
+		// What is measured is the link: no probes, and no scheduler that
+		// would share the GPU between the run measured and the sessions
+		// and containers that just ended.
+		"GPUWARDEN_EBPF_ENABLED=false", "GPUWARDEN_ENFORCEMENT_ENABLED=false",
 		"GPUWARDEN_REMOTE_ENABLED=true", "GPUWARDEN_REMOTE_LISTEN=0.0.0.0:7070",
 		"GPUWARDEN_REMOTE_CERT="+filepath.Join(creds, "server.crt"), "GPUWARDEN_REMOTE_KEY="+filepath.Join(creds, "server.key"),
 		"GPUWARDEN_REMOTE_CA="+filepath.Join(creds, "ca.crt"), "GPUWARDEN_REMOTE_CGROUP_PARENT="+parent,
@@ -189,7 +193,8 @@ func (r *remoteRunner) compare(f figure, stdout io.Writer) error {
 				r.setNetem(false)
 			}
 			if err != nil {
-				return err
+				log, _ := os.ReadFile(filepath.Join(r.m.dir, "agent.log"))
+				return fmt.Errorf("%w\nthe agent's log ends:\n%s", err, lastLines(string(log), 15))
 			}
 			v, ok := out[f.key]
 			if !ok || v <= 0 {
@@ -217,6 +222,11 @@ func (r *remoteRunner) compare(f figure, stdout io.Writer) error {
 		}
 	}
 	return nil
+}
+
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(l[max(len(l)-n, 0):], "\n")
 }
 
 func netNames(nets []benchNet) []string {
@@ -257,7 +267,9 @@ func (r *remoteRunner) net(name string) benchNet {
 }
 
 func (r *remoteRunner) local(prog string, args ...string) (map[string]float64, error) {
-	cmd := exec.Command(filepath.Join(r.m.bin, prog), args...)
+	ctx, cancel := context.WithTimeout(context.Background(), benchRunTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(r.m.bin, prog), args...)
 	cmd.Env = append(r.m.env(), "LD_PRELOAD="+filepath.Join(r.m.bin, "libgpuwarden.so"),
 		"GPUWARDEN_CONTROL_DIR="+r.m.controlDir(), "GPUWARDEN_MEMORY_LIMIT=8Gi")
 	return benchLines(cmd)
@@ -267,10 +279,16 @@ func (r *remoteRunner) remote(n benchNet, prog string, args ...string) (map[stri
 	all := []string{"--net=" + n.netns, "--", filepath.Join(r.m.bin, "gpuwarden"), "run", "--remote", n.addr,
 		"--memory", "0.5", "--cert", filepath.Join(r.creds, "client.crt"), "--key", filepath.Join(r.creds, "client.key"),
 		"--ca", filepath.Join(r.creds, "ca.crt"), "--", filepath.Join(r.m.bin, prog)}
-	cmd := exec.Command("nsenter", append(all, args...)...)
+	ctx, cancel := context.WithTimeout(context.Background(), benchRunTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "nsenter", append(all, args...)...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // a client node: no simgpu, no driver
 	return benchLines(cmd)
 }
+
+// benchRunTimeout bounds one run: a session whose worker is frozen (by a
+// breach action, say) waits as long as the freeze, as a container would.
+const benchRunTimeout = 2 * time.Minute
 
 // benchLines runs cmd and returns its BENCH figures by name.
 func benchLines(cmd *exec.Cmd) (map[string]float64, error) {
