@@ -320,23 +320,22 @@ type benchNetNS struct {
 }
 
 func newBenchNetNS() (*benchNetNS, error) {
-	self, _ := os.Readlink("/proc/self/ns/net")
-	hold := exec.Command("unshare", "--net", "sleep", "infinity")
-	if err := hold.Start(); err != nil {
+	hold := exec.Command("unshare", "--net", "sh", "-c", "ip link set lo up && echo up && exec sleep infinity")
+	out, err := hold.StdoutPipe()
+	if err == nil {
+		err = hold.Start()
+	}
+	if err != nil {
 		return nil, fmt.Errorf("unshare --net: %w", err)
 	}
 	n := &benchNetNS{path: fmt.Sprintf("/proc/%d/ns/net", hold.Process.Pid), hold: hold}
-	for i := 0; ; i++ {
-		if l, err := os.Readlink(n.path); err == nil && l != self {
-			break
-		}
-		if i == 100 {
-			n.close()
-			return nil, errors.New("unshare --net made no namespace")
-		}
-		time.Sleep(20 * time.Millisecond)
+	// Ready once the holder says so, from inside the namespace.
+	b := make([]byte, 2)
+	if _, err := io.ReadFull(out, b); err != nil || string(b) != "up" {
+		n.close()
+		return nil, fmt.Errorf("unshare --net: the namespace's loopback did not come up (%v)", err)
 	}
-	return n, n.run("ip", "link", "set", "lo", "up")
+	return n, nil
 }
 
 func (n *benchNetNS) run(args ...string) error {

@@ -3,9 +3,9 @@ package simtest
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
-	"os"
 	"os/exec"
 	"runtime"
 	"strconv"
@@ -27,22 +27,31 @@ type NetNS struct {
 func NewNetNS(t testing.TB) *NetNS {
 	t.Helper()
 	RequirePrivileged(t, "network namespaces")
-	hold := exec.Command("unshare", "--net", "sleep", "infinity")
-	if err := hold.Start(); err != nil {
+	hold := exec.Command("unshare", "--net", "sh", "-c", "ip link set lo up && echo up && exec sleep infinity")
+	out, err := hold.StdoutPipe()
+	if err == nil {
+		err = hold.Start()
+	}
+	if err != nil {
 		t.Fatalf("unshare --net: %v", err)
 	}
-	n := &NetNS{Path: "/proc/" + strconv.Itoa(hold.Process.Pid) + "/ns/net", hold: hold}
 	t.Cleanup(func() { _ = hold.Process.Kill(); _ = hold.Wait() })
-	// unshare execs sleep once the namespace is made: wait until it differs.
-	self, _ := os.Readlink("/proc/self/ns/net")
-	Eventually(t, 5*time.Second, func() error {
-		if l, err := os.Readlink(n.Path); err != nil || l == self {
-			return fmt.Errorf("namespace of %s not made yet (%v)", n.Path, err)
+	// The namespace is ready once the holder says so, from inside it.
+	line := make(chan string, 1)
+	go func() {
+		b := make([]byte, 3)
+		n, _ := io.ReadFull(out, b)
+		line <- string(b[:n])
+	}()
+	select {
+	case l := <-line:
+		if l != "up" && l != "up\n" {
+			t.Fatalf("unshare --net: the namespace's loopback did not come up (%q)", l)
 		}
-		return nil
-	})
-	n.Run(t, "ip", "link", "set", "lo", "up")
-	return n
+	case <-time.After(10 * time.Second):
+		t.Fatal("unshare --net: no namespace within 10s")
+	}
+	return &NetNS{Path: "/proc/" + strconv.Itoa(hold.Process.Pid) + "/ns/net", hold: hold}
 }
 
 // Command is a command run in the namespace (through nsenter, which only
@@ -79,8 +88,8 @@ func Veth(t testing.TB, a, b *NetNS, addrA, addrB string) {
 	b.Run(t, "ip", "link", "set", "gw1", "up")
 }
 
-// Dial connects from inside the namespace: on a thread of its own, moved
-// into it and then discarded; the socket stays in the namespace.
+// Dial connects from inside the namespace: on its own thread, moved into
+// the namespace and back; the socket stays in the namespace.
 func (n *NetNS) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
 	type res struct {
 		c   net.Conn
@@ -88,18 +97,32 @@ func (n *NetNS) Dial(ctx context.Context, network, addr string) (net.Conn, error
 	}
 	ch := make(chan res, 1)
 	go func() {
-		runtime.LockOSThread() // never unlocked: the thread ends with the goroutine
+		runtime.LockOSThread()
+		back, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+		if err != nil {
+			runtime.UnlockOSThread()
+			ch <- res{nil, err}
+			return
+		}
+		defer unix.Close(back)
 		fd, err := unix.Open(n.Path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
+			runtime.UnlockOSThread()
 			ch <- res{nil, err}
 			return
 		}
 		defer unix.Close(fd)
 		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
 			ch <- res{nil, fmt.Errorf("setns: %w", err)}
 			return
 		}
 		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		// Back to where the thread was; a thread that cannot go back stays
+		// locked, and ends with this goroutine.
+		if unix.Setns(back, unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
 		ch <- res{c, err}
 	}()
 	r := <-ch
