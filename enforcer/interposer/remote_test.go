@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -390,6 +391,32 @@ func TestRemoteModuleCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	run("1 images received, 0 images from cache") // the corrupt copy is not believed
+}
+
+// TestRemoteImageSizes: the client sends an ELF image's extent (from its
+// section headers) and a fatbin's (from its header), not what follows them;
+// the cache keeps exactly those bytes.
+func TestRemoteImageSizes(t *testing.T) {
+	m := simtest.NewMachine(t, 1, "8Gi")
+	cache := t.TempDir()
+	w := startWorker(t, m, false, "GPUWARDEN_MODULE_CACHE="+cache)
+	out, _ := output(t, w.remote(t, simtest.Bin(t, "interposer/gw-remote"), "images"))
+	if out != "images ok\n" {
+		t.Fatalf("got %q", out)
+	}
+	files, _ := filepath.Glob(filepath.Join(cache, "*"))
+	var sizes []int64
+	for _, f := range files {
+		st, err := os.Stat(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sizes = append(sizes, st.Size())
+	}
+	slices.Sort(sizes)
+	if want := []int64{1016, 4096}; !slices.Equal(sizes, want) {
+		t.Errorf("cached image sizes %v, want %v", sizes, want)
+	}
 }
 
 // TestRemoteBadEnv: a malformed GPUWARDEN_REMOTE fails cuInit with one line

@@ -44,7 +44,7 @@ void gwr_alloc_forget_all(void);
 /* client.c: the session with the worker */
 CUresult gwr_connect(void);                 /* once per process (and again after fork) */
 uint64_t gwr_new_id(void);                  /* a fresh handle name */
-uint64_t gwr_cur_ctx(void);                 /* the calling thread's context's id, or 0 */
+uint64_t gwr_cur_ctx(void);                 /* the calling thread's context's id, or 0 (cuda.c) */
 CUresult gwr_async(uint16_t op, const void *a, size_t na, const void *b, size_t nb);
 /* gwr_call sends a request and waits for its reply; out gets the reply's
  * outputs (*nout their length); bulk gets GWR_OP_DATA frames. */
@@ -53,5 +53,4 @@ CUresult gwr_call(uint16_t op, const void *a, size_t na, const void *b, size_t n
 int gwr_dead(void);      /* the session ended: every call fails */
 int gwr_connected(void); /* this process has a live session */
 
-/* nvml.c: NVML's view of the session opens it too. */
 #endif

@@ -619,9 +619,9 @@ static size_t image_size(const uint8_t *p) {
         memcpy(&phnum, p + 0x38, 2);
         memcpy(&shentsize, p + 0x3a, 2);
         memcpy(&shnum, p + 0x3c, 2);
-        if (shoff > GWR_MAX_IMAGE || phoff > GWR_MAX_IMAGE || shentsize < 64) return 0;
+        if (shoff > GWR_MAX_IMAGE || (phnum && phoff > GWR_MAX_IMAGE) || shentsize < 64) return 0;
         end = shoff + (uint64_t)shentsize * shnum;
-        if (phoff + (uint64_t)phentsize * phnum > end) end = phoff + (uint64_t)phentsize * phnum;
+        if (phnum && phoff + (uint64_t)phentsize * phnum > end) end = phoff + (uint64_t)phentsize * phnum;
         for (uint16_t i = 0; i < shnum; i++) { /* a section's bytes may lie after the headers */
             const uint8_t *sh = p + shoff + (uint64_t)i * shentsize;
             uint32_t type;

@@ -7,10 +7,11 @@
  *
  * One thread cannot deadlock with the client: the worker only ever blocks
  * reading a frame, writing a reply, or inside a driver call that finishes on
- * its own (a synchronize waits for work already queued). The client drains
- * replies on a thread of its own that waits for nothing else, so a reply
- * write always completes, and the client's writes complete as the worker
- * reads. Exit status: 0 when the peer closes, 1 on a protocol error.
+ * its own (a synchronize waits for work already queued). It writes only
+ * replies, each to a client call that is waiting for it and reads it without
+ * the client's send lock, so a reply write always completes; the client's
+ * writes complete as the worker reads. Exit status: 0 when the peer closes,
+ * 1 on a protocol error.
  *
  * GPUWARDEN_MODULE_CACHE=DIR keeps module images by content hash, so a
  * reconnecting or second client need not send them again. */

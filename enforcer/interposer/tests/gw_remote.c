@@ -11,6 +11,8 @@
  *   bandwidth MIB host-to-device and device-to-host copies of MIB MiB: BENCH MiB/s
  *   roundtrip N   N synchronous calls (cuCtxSynchronize on an idle context): BENCH us per call
  *   threads N     N threads, each with its own stream, launching, filling and reading back
+ *   images        loads an ELF (4096 bytes, sections after the section headers too) and a
+ *                 fatbin (16 + 1000 bytes) image, each followed by bytes that are not its
  *   flush         launches a 100 ms kernel and an event, sleeps 500 ms, queries the event:
  *                 done, unless the launch waited for the query to be sent
  *   fork          prints "ready", waits for a line on stdin, forks: the child uses the GPU
@@ -245,6 +247,41 @@ static int roundtrip(long n) {
     return 0;
 }
 
+/* put writes a little-endian value. */
+static void put(unsigned char *p, uint64_t v, int n) {
+    for (int i = 0; i < n; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static int images(void) {
+    setup();
+    static unsigned char elf[8192], fat[4096];
+    memset(elf, 0xab, sizeof elf); /* no NUL: a size taken from a string would be wrong */
+    memset(elf, 0, 64); /* the ELF header: no program headers */
+    memcpy(elf, "\177ELF\2\1\1", 7);
+    put(elf + 0x28, 1024, 8);    /* e_shoff */
+    put(elf + 0x3a, 64, 2);      /* e_shentsize */
+    put(elf + 0x3c, 3, 2);       /* e_shnum: headers end at 1216 */
+    for (int i = 0; i < 3; i++) {
+        unsigned char *sh = elf + 1024 + 64 * i;
+        memset(sh, 0, 64);
+        put(sh + 4, i == 2 ? 8 : 1, 4);          /* sh_type: PROGBITS; the last NOBITS */
+        put(sh + 0x18, i == 0 ? 64 : 3000, 8);   /* sh_offset */
+        put(sh + 0x20, i == 0 ? 900 : 1096, 8);  /* sh_size: the second ends at 4096 */
+    }
+    memset(fat, 0xcd, sizeof fat);
+    put(fat, 0xBA55ED50u, 4);
+    put(fat + 4, 1, 2);
+    put(fat + 6, 16, 2);  /* header size */
+    put(fat + 8, 1000, 8); /* body size */
+    CUmodule m;
+    CHECK(cuModuleLoadData(&m, elf));
+    CHECK(cuModuleUnload(m));
+    CHECK(cuModuleLoadData(&m, fat));
+    CHECK(cuModuleUnload(m));
+    printf("images ok\n");
+    return 0;
+}
+
 static int flush(void) {
     setup();
     CUmodule m;
@@ -360,6 +397,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "threads") && argc > 2) return threads(atoi(argv[2]));
     if (!strcmp(cmd, "fork")) return fork_check();
     if (!strcmp(cmd, "flush")) return flush();
-    fprintf(stderr, "usage: gw-remote params|quota BYTES|async|hold|module|launches N|bandwidth MIB|roundtrip N|threads N|flush|fork\n");
+    if (!strcmp(cmd, "images")) return images();
+    fprintf(stderr, "usage: gw-remote params|quota BYTES|async|hold|module|launches N|bandwidth MIB|roundtrip N|threads N|images|flush|fork\n");
     return 2;
 }
