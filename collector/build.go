@@ -435,9 +435,15 @@ func containsPID(pids []int, pid int) bool {
 	return false
 }
 
-// name labels a container: from the labeller (Kubernetes), else from what
-// its cgroup path says (pod uid, container id), else by the path itself.
+// name labels a container: a remote session by its client, else from the
+// labeller (Kubernetes), else from what its cgroup path says (pod uid,
+// container id), else by the path itself.
 func (j *joiner) name(dir, path string) (ns, pod, container string) {
+	if j.c.src.Sessions != nil {
+		if ns, pod, container, ok := j.c.src.Sessions(path); ok {
+			return ns, pod, container
+		}
+	}
 	if j.labels != nil {
 		if ns, pod, container, ok := j.labels(dir, path); ok {
 			return ns, pod, container

@@ -106,3 +106,23 @@ func TestOrdinalsWithoutLedger(t *testing.T) {
 		t.Errorf("on a node of one GPU, ordinal 0: GPU %d, want 0", got)
 	}
 }
+
+// TestSessionsNameRemoteClients: a remote session's cgroup is named by its
+// client (the Sessions source) before any other labeller; other cgroups
+// keep their names.
+func TestSessionsNameRemoteClients(t *testing.T) {
+	src := Sources{Sessions: func(path string) (string, string, string, bool) {
+		if path == "/gpuwarden-remote/s-1" {
+			return "team-a", "train-0", "main", true
+		}
+		return "", "", "", false
+	}}
+	j := &joiner{c: New("node", "test", src, slog.New(slog.DiscardHandler)), v: &View{},
+		labels: func(dir, path string) (string, string, string, bool) { return "kube", "pod", "c", true }}
+	if ns, pod, c := j.name("gpuwarden-remote+s-1", "/gpuwarden-remote/s-1"); ns != "team-a" || pod != "train-0" || c != "main" {
+		t.Errorf("session named %s/%s/%s", ns, pod, c)
+	}
+	if ns, pod, c := j.name("x", "/kubepods/x"); ns != "kube" || pod != "pod" || c != "c" {
+		t.Errorf("other cgroup named %s/%s/%s", ns, pod, c)
+	}
+}

@@ -27,6 +27,9 @@ type Sources struct {
 	// labels come from the cgroup path.
 	Labels  func(ctx context.Context) (LabelFunc, error)
 	Cgroups *cgroups.Resolver
+	// Sessions names the client of a remote GPU session from its worker's
+	// cgroup path (its certificate's identity); nil: no remote sessions.
+	Sessions func(cgroupPath string) (namespace, pod, container string, ok bool)
 	// Claims checks each ledger's cgroup claim; nil: no ledger is believed.
 	Claims   *claims.Verifier
 	ProcRoot string

@@ -22,8 +22,10 @@ var subcommands = map[string]subcommand{
 	"agent":     {"run the node agent (metrics, API, observation, enforcement)", runAgent},
 	"ctl":       {"change a container's or a GPU's settings at run time", runCtl},
 	"bench":     {"print benchmark figures as BENCH lines", runBench},
+	"certs":     {"make a CA and certificates for remote GPU sessions", runCerts},
 	"demo":      {"run workloads on the simulated GPU and show what gpuwarden sees", runDemo},
 	"gpu-check": {"run the real-GPU check from a bundle (make gpu-check)", runGPUCheck},
+	"run":       {"run a command on a slice of a remote GPU (--remote HOST)", runRemote},
 	"smi":       {"show who uses which GPU, per container", runSmi},
 	"version":   {"print the version", runVersion},
 }

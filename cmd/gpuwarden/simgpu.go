@@ -75,7 +75,16 @@ var servingRe = regexp.MustCompile(`msg=serving address=(\S+)`)
 // the machine's directory, its log in agent.log there; env adds or
 // overrides settings. It returns once the agent serves, with its address.
 func (m *simMachine) startAgent(listen string, env ...string) (*exec.Cmd, string, error) {
+	return m.startAgentIn("", listen, env...)
+}
+
+// startAgentIn is startAgent in a network namespace (its /proc/PID/ns/net
+// path; "": the caller's).
+func (m *simMachine) startAgentIn(netns, listen string, env ...string) (*exec.Cmd, string, error) {
 	cmd := exec.Command(filepath.Join(m.bin, "gpuwarden"), "agent", "--listen", listen)
+	if netns != "" {
+		cmd = exec.Command("nsenter", "--net="+netns, "--", filepath.Join(m.bin, "gpuwarden"), "agent", "--listen", listen)
+	}
 	cmd.Env = append(m.env(), "GPUWARDEN_CONTROL_DIR="+m.controlDir(),
 		"GPUWARDEN_NVML_LIBRARY="+filepath.Join(m.bin, "simgpu", "libnvidia-ml.so.1"),
 		"GPUWARDEN_EBPF_LIBRARIES="+filepath.Join(m.bin, "simgpu", "libcuda.so.1"),

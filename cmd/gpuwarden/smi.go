@@ -41,6 +41,8 @@ func runSmi(args []string, stdout, stderr io.Writer) int {
 	watch := fs.Duration("watch", 0, "redraw every `DURATION` (e.g. 2s) until Ctrl-C; 0: once")
 	controlDir := fs.String("control-dir", defaultControlDir(), "control blocks to read when no agent answers")
 	nvmlLib := fs.String("nvml-library", "", "NVML library to read when no agent answers (default: the system's libnvidia-ml.so.1)")
+	remote := fs.String("remote", "", "list the GPUs of the agent at `HOST[:PORT]` that serves remote sessions, and their free memory")
+	rf := addRemoteFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0
@@ -51,6 +53,9 @@ func runSmi(args []string, stdout, stderr io.Writer) int {
 	if fs.NArg() > 0 {
 		fmt.Fprintf(stderr, "gpuwarden smi: unexpected argument %q\n", fs.Arg(0))
 		return 2
+	}
+	if *remote != "" {
+		return smiRemote(*remote, rf, *asJSON, stdout, stderr)
 	}
 	base, err := parseAgentURL(*agentURL)
 	if err != nil {

@@ -30,3 +30,35 @@ $(BIN)/interposer/gw-bench: $(GW_DIR)/tests/gw_bench.c simgpu/include/cuda.h $(B
 $(BIN)/interposer/gw-envcheck: $(GW_DIR)/tests/gw_envcheck.c $(GW_DIR)/src/env.c $(GW_DIR)/src/env.h $(GW_DIR)/gpuwarden_abi.h
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -O1 -g -Wall -Wextra -Werror $(GW_INC) -o $@ $< $(GW_DIR)/src/env.c
+
+# Remote GPUs: the client library a GPU-less node installs as its driver
+# (libcuda.so.1 and libnvidia-ml.so.1 are both this file), and the worker
+# that runs a remote session's calls on the GPU node.
+GWR_DIR    := $(GW_DIR)/remote
+GWR_HDR    := $(GWR_DIR)/proto.h $(GWR_DIR)/client.h simgpu/include/cuda.h simgpu/include/nvml.h
+GWR_COMMON := $(GWR_DIR)/decode.c $(GWR_DIR)/sha256.c
+GWR_CLIENT := $(GWR_DIR)/client.c $(GWR_DIR)/cuda.c $(GWR_DIR)/nvml.c $(GWR_DIR)/procaddr.c $(GWR_DIR)/handles.c $(GWR_DIR)/allocs.c $(GWR_COMMON)
+
+BUILD_TARGETS += $(BIN)/remote/libgpuwarden-remote.so $(BIN)/remote/libcuda.so.1 $(BIN)/remote/libnvidia-ml.so.1 \
+	$(BIN)/gpuwarden-worker
+
+$(BIN)/remote/libgpuwarden-remote.so: $(GWR_CLIENT) $(GWR_HDR)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -Isimgpu/include -I$(GWR_DIR) -shared -Wl,-soname,libcuda.so.1 -Wl,-z,now -o $@ \
+		$(GWR_CLIENT) -pthread
+
+$(BIN)/remote/libcuda.so.1 $(BIN)/remote/libnvidia-ml.so.1: $(BIN)/remote/libgpuwarden-remote.so
+	ln -sf libgpuwarden-remote.so $@
+
+# Linked against the driver's soname only: LD_LIBRARY_PATH and LD_PRELOAD
+# decide, on the GPU node, which libcuda.so.1 and interposer it runs under.
+$(BIN)/gpuwarden-worker: $(GWR_DIR)/worker.c $(GWR_COMMON) $(GWR_HDR) $(BIN)/simgpu/libcuda.so.1
+	$(CC) $(CFLAGS) -Isimgpu/include -I$(GWR_DIR) -o $@ $(GWR_DIR)/worker.c $(GWR_COMMON) \
+		-L$(BIN)/simgpu -l:libcuda.so.1 -ldl -pthread
+
+# Runs on either driver: simgpu's by its runpath, the remote client's by LD_LIBRARY_PATH.
+BUILD_TARGETS += $(BIN)/interposer/gw-remote
+$(BIN)/interposer/gw-remote: $(GW_DIR)/tests/gw_remote.c simgpu/include/cuda.h simgpu/include/nvml.h $(BIN)/simgpu/libcuda.so.1 $(BIN)/simgpu/libnvidia-ml.so.1
+	@mkdir -p $(@D)
+	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -Werror -pthread -Isimgpu/include -o $@ $< \
+		-L$(BIN)/simgpu -l:libcuda.so.1 -l:libnvidia-ml.so.1 -Wl,-rpath,'$$ORIGIN/../simgpu'

@@ -104,20 +104,24 @@ func TestMalformed(t *testing.T) {
 	}
 }
 
-// TestCFuzzers builds the libFuzzer harnesses of the C environment parser
-// and control-block checks and runs them briefly.
+// TestCFuzzers builds the libFuzzer harnesses of the C environment parser,
+// the control-block checks and the remote protocol's frame decoder, and runs
+// them briefly.
 func TestCFuzzers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fuzzing is not short")
 	}
 	root := simtest.Root(t)
 	dir := filepath.Join(root, "enforcer", "interposer")
-	inc := []string{"-I", filepath.Join(root, "simgpu", "include"), "-I", dir, "-I", filepath.Join(dir, "src")}
-	for _, h := range []struct{ harness, src string }{{"fuzz_env.c", "env.c"}, {"fuzz_controlblock.c", "cbcheck.c"}} {
+	inc := []string{"-I", filepath.Join(root, "simgpu", "include"), "-I", dir, "-I", filepath.Join(dir, "src"),
+		"-I", filepath.Join(dir, "remote")}
+	for _, h := range []struct{ harness, src string }{
+		{"fuzz_env.c", "src/env.c"}, {"fuzz_controlblock.c", "src/cbcheck.c"}, {"fuzz_frame.c", "remote/decode.c"},
+	} {
 		bin := filepath.Join(t.TempDir(), strings.TrimSuffix(h.harness, ".c"))
 		args := append([]string{"-g", "-O1", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all", "-o", bin},
 			inc...)
-		args = append(args, filepath.Join(dir, "fuzz", h.harness), filepath.Join(dir, "src", h.src))
+		args = append(args, filepath.Join(dir, "fuzz", h.harness), filepath.Join(dir, h.src))
 		if out, err := runCmd("clang", args...); err != nil {
 			if os.Getenv("GPUWARDEN_REQUIRE_PRIVILEGED") != "1" && strings.Contains(err.Error(), "executable file not found") {
 				t.Skip("clang is not installed (make deps-test installs it)")

@@ -14,6 +14,12 @@ static void run_op(struct CUstream_st *st, struct sg_op *op) {
         atomic_fetch_add(&op->event->completed, 1);
         break;
     case SG_OP_FREE: sg_free(op->arg, 1); break;
+    case SG_OP_RECORD: {
+        void *dst = sg_host_range(op->arg, op->nbytes);
+        if (dst) memcpy(dst, op->bytes, op->nbytes); /* out of range: the write goes nowhere */
+        free(op->bytes);
+        break;
+    }
     }
 }
 
@@ -213,9 +219,17 @@ SG_EXPORT CUresult cuModuleLoadData(CUmodule *module, const void *image) {
     CUresult rc = sg_current(&c);
     if (rc) return rc;
     if (!module || !image) return CUDA_ERROR_INVALID_VALUE;
+    struct sg_kernel *ks;
+    int nk;
+    if (sg_module_parse(image, &ks, &nk) < 0) return CUDA_ERROR_INVALID_IMAGE;
     struct CUmod_st *m = calloc(1, sizeof *m);
-    if (!m) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!m) {
+        free(ks);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     m->magic = SG_MAGIC_MODULE;
+    m->kernels = ks;
+    m->nkernels = nk;
     pthread_mutex_init(&m->mu, NULL);
     *module = m;
     return CUDA_SUCCESS;
@@ -225,10 +239,16 @@ SG_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const c
     if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
     if (!hfunc || !name) return CUDA_ERROR_INVALID_VALUE;
     if (!hmod || hmod->magic != SG_MAGIC_MODULE) return CUDA_ERROR_INVALID_HANDLE;
+    const struct sg_kernel *k = NULL;
+    for (int i = 0; i < hmod->nkernels && !k; i++)
+        if (!strcmp(hmod->kernels[i].name, name)) k = &hmod->kernels[i];
+    if (hmod->kernels && !k) return CUDA_ERROR_NOT_FOUND; /* a described image names all its kernels */
     struct CUfunc_st *f = calloc(1, sizeof *f);
     if (!f) return CUDA_ERROR_OUT_OF_MEMORY;
     f->magic = SG_MAGIC_FUNC;
     strncpy(f->name, name, sizeof f->name - 1);
+    if (k) f->k = *k;
+    else sg_kernel_default(&f->k, name);
     pthread_mutex_lock(&hmod->mu);
     f->next = hmod->funcs;
     hmod->funcs = f;
@@ -246,22 +266,61 @@ SG_EXPORT CUresult cuModuleUnload(CUmodule hmod) {
         f->magic = 0;
         free(f);
     }
+    free(hmod->kernels);
     free(hmod);
     return CUDA_SUCCESS;
+}
+
+SG_EXPORT CUresult cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOffset, size_t *paramSize) {
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!func || func->magic != SG_MAGIC_FUNC) return CUDA_ERROR_INVALID_HANDLE;
+    if (!paramOffset || !paramSize || paramIndex >= (size_t)func->k.nparams) return CUDA_ERROR_INVALID_VALUE;
+    *paramOffset = func->k.offset[paramIndex];
+    *paramSize = func->k.size[paramIndex];
+    return CUDA_SUCCESS;
+}
+
+static void extra_buffer(void **extra, const void **buf, size_t *size) {
+    *buf = NULL;
+    *size = 0;
+    for (int i = 0; extra && extra[i] != CU_LAUNCH_PARAM_END && i < 16; i += 2) {
+        if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) *buf = extra[i + 1];
+        if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1]) *size = *(const size_t *)extra[i + 1];
+    }
 }
 
 /* A simulated kernel runs for its first parameter's nanoseconds. */
 static uint64_t kernel_duration(void **kernelParams, void **extra) {
     if (kernelParams) return kernelParams[0] ? *(const uint64_t *)kernelParams[0] : 0;
-    const void *buf = NULL;
-    size_t size = 0;
-    for (int i = 0; extra && extra[i] != CU_LAUNCH_PARAM_END && i < 16; i += 2) {
-        if (extra[i] == CU_LAUNCH_PARAM_BUFFER_POINTER) buf = extra[i + 1];
-        if (extra[i] == CU_LAUNCH_PARAM_BUFFER_SIZE && extra[i + 1]) size = *(const size_t *)extra[i + 1];
-    }
+    const void *buf;
+    size_t size;
+    extra_buffer(extra, &buf, &size);
     uint64_t ns = 0;
     if (buf && size >= sizeof ns) memcpy(&ns, buf, sizeof ns);
     return ns;
+}
+
+/* record_op packs a record kernel's parameters, as the device would see them. */
+static CUresult record_op(const struct sg_kernel *k, void **kernelParams, void **extra, struct sg_op *op) {
+    const void *buf = NULL;
+    size_t size = 0;
+    if (!kernelParams) {
+        extra_buffer(extra, &buf, &size);
+        if (!buf || size < k->bytes) return CUDA_ERROR_INVALID_VALUE;
+    }
+    unsigned char *p = calloc(1, k->bytes);
+    if (!p) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (buf) memcpy(p, buf, k->bytes);
+    for (int i = 0; kernelParams && i < k->nparams; i++) {
+        if (!kernelParams[i]) {
+            free(p);
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        memcpy(p + k->offset[i], kernelParams[i], k->size[i]);
+    }
+    *op = (struct sg_op){.kind = SG_OP_RECORD, .bytes = p, .nbytes = k->bytes};
+    memcpy(&op->arg, p, sizeof op->arg);
+    return CUDA_SUCCESS;
 }
 
 static CUresult capture_add(struct CUstream_st *st, uint64_t ns) {
@@ -285,6 +344,14 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
     struct CUstream_st *st;
     CUresult rc = sg_stream_resolve(hStream, &st);
     if (rc) return rc;
+    if (f->k.kind == SG_KERNEL_RECORD) {
+        if (st->capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; /* graphs hold durations only */
+        struct sg_op op = {0};
+        rc = record_op(&f->k, kernelParams, extra, &op);
+        if (!rc) rc = sg_stream_push(st, op);
+        if (rc && op.bytes) free(op.bytes);
+        return rc;
+    }
     uint64_t ns = kernel_duration(kernelParams, extra);
     if (st->capturing) return capture_add(st, ns);
     return sg_stream_push(st, (struct sg_op){.kind = SG_OP_KERNEL, .arg = ns});

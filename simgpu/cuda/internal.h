@@ -24,7 +24,7 @@ enum {
 };
 
 /* Work a stream runs in order. */
-enum sg_op_kind { SG_OP_KERNEL, SG_OP_EVENT, SG_OP_FREE };
+enum sg_op_kind { SG_OP_KERNEL, SG_OP_EVENT, SG_OP_FREE, SG_OP_RECORD };
 
 #define SG_EVENT_DISABLE_TIMING 0x2
 
@@ -39,8 +39,10 @@ struct CUevent_st {
 
 struct sg_op {
     enum sg_op_kind kind;
-    uint64_t arg;          /* kernel duration ns, or the device pointer to free */
+    uint64_t arg;          /* kernel duration ns, or the device pointer to free or write to */
     struct CUevent_st *event;
+    void *bytes;           /* SG_OP_RECORD: the parameter buffer to write (owned) */
+    size_t nbytes;
 };
 
 #define SG_QUEUE_LEN 1024 /* a launch blocks when this many ops are queued, as on a GPU */
@@ -74,9 +76,22 @@ struct CUctx_st {
     struct CUstream_st *streams;
 };
 
+/* A kernel as a module image describes it (see sg_module_parse). Images
+ * without a description have kernels of one 8-byte parameter: their duration. */
+#define SG_MAX_PARAMS 64
+enum sg_kernel_kind { SG_KERNEL_SLEEP, SG_KERNEL_RECORD };
+struct sg_kernel {
+    char name[64];
+    enum sg_kernel_kind kind;
+    int nparams;
+    uint16_t offset[SG_MAX_PARAMS], size[SG_MAX_PARAMS];
+    size_t bytes; /* the packed parameter buffer's size */
+};
+
 struct CUfunc_st {
     uint32_t magic;
     char name[64];
+    struct sg_kernel k;
     struct CUfunc_st *next;
 };
 
@@ -84,7 +99,14 @@ struct CUmod_st {
     uint32_t magic;
     pthread_mutex_t mu;
     struct CUfunc_st *funcs; /* freed with the module */
+    struct sg_kernel *kernels; /* described kernels, or NULL */
+    int nkernels;
 };
+
+/* module.c: a described image's kernels; 0 if the image has no description,
+ * -1 if it has a malformed one. */
+int sg_module_parse(const char *image, struct sg_kernel **out, int *n);
+void sg_kernel_default(struct sg_kernel *k, const char *name);
 
 struct CUgraph_st {
     uint32_t magic;

@@ -299,6 +299,9 @@ SG_EXPORT CUresult cuMemcpyDtoH_v2(void *dstHost, CUdeviceptr srcDevice, size_t 
     CUresult rc = sg_current(&c);
     if (rc) return rc;
     if (!ByteCount) return CUDA_SUCCESS;
+    /* synchronous with the legacy stream, as NVIDIA's: kernels queued there
+     * (a record kernel) write first */
+    if ((rc = sg_stream_sync(c->null_stream))) return rc;
     void *src = sg_host_range(srcDevice, ByteCount);
     if (!src || !dstHost) return CUDA_ERROR_INVALID_VALUE;
     memcpy(dstHost, src, ByteCount);

@@ -66,6 +66,7 @@ static const struct entry table[] = {
     E("cuModuleLoadData", 2000, cuModuleLoadData),
     E("cuModuleGetFunction", 2000, cuModuleGetFunction),
     E("cuModuleUnload", 2000, cuModuleUnload),
+    E("cuFuncGetParamInfo", 12040, cuFuncGetParamInfo),
     E("cuLaunchKernel", 4000, cuLaunchKernel),
     P("cuLaunchKernel", 7000, cuLaunchKernel), /* per-thread forms date from CUDA 7.0 */
     P("cuLaunchKernelEx", 11060, cuLaunchKernelEx),

@@ -50,6 +50,7 @@ typedef enum cudaError_enum {
     CUDA_ERROR_OUT_OF_MEMORY = 2,
     CUDA_ERROR_NOT_INITIALIZED = 3,
     CUDA_ERROR_DEINITIALIZED = 4,
+    CUDA_ERROR_DEVICE_UNAVAILABLE = 46,
     CUDA_ERROR_NO_DEVICE = 100,
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_IMAGE = 200,
@@ -362,6 +363,10 @@ typedef enum CUdriverProcAddressQueryResult_enum {
 #define SIMGPU_DECLARE(ret, name, params) ret CUDAAPI name params;
 SIMGPU_CUDA_API(SIMGPU_DECLARE)
 #undef SIMGPU_DECLARE
+
+/* A kernel's parameter layout (CUDA 12.4). */
+CUresult CUDAAPI cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOffset,
+                                    size_t *paramSize);
 
 /* cuGraphInstantiate's CUDA 11 form, still exported for old callers. */
 CUresult CUDAAPI cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph,

@@ -23,7 +23,10 @@ type Agent struct {
 	ControlDir string
 	TokenFile  string // the change API's token (enforcement.apiTokenFile)
 	StateFile  string // where ctl's changes are kept (enforcement.stateFile)
-	stderr     *os.File
+	// Client fetches from the agent (nil: http.DefaultClient); an agent in
+	// a network namespace of its own is reached through the namespace's.
+	Client *http.Client
+	stderr *os.File
 }
 
 var servingRe = regexp.MustCompile(`msg=serving address=(\S+)`)
@@ -33,6 +36,13 @@ var servingRe = regexp.MustCompile(`msg=serving address=(\S+)`)
 // adds or overrides GPUWARDEN_* settings. It is stopped (SIGTERM) when the
 // test ends.
 func StartAgent(t testing.TB, m *Machine, env ...string) *Agent {
+	t.Helper()
+	return StartAgentIn(t, m, nil, env...)
+}
+
+// StartAgentIn is StartAgent with the agent in a network namespace (nil:
+// the test's own).
+func StartAgentIn(t testing.TB, m *Machine, ns *NetNS, env ...string) *Agent {
 	t.Helper()
 	dir := t.TempDir()
 	a := &Agent{ControlDir: filepath.Join(dir, "control"), TokenFile: filepath.Join(dir, "token"),
@@ -66,6 +76,10 @@ func StartAgent(t testing.TB, m *Machine, env ...string) *Agent {
 	}
 	a.stderr = logFile
 	cmd.Stderr = logFile
+	if ns != nil {
+		ns.Wrap(cmd)
+		a.Client = ns.HTTPClient()
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start agent: %v", err)
 	}
@@ -120,7 +134,11 @@ func (a *Agent) Log() string {
 // Get fetches a path and returns the status code and body.
 func (a *Agent) Get(t testing.TB, path string) (int, []byte) {
 	t.Helper()
-	resp, err := http.Get("http://" + a.Addr + path)
+	c := a.Client
+	if c == nil {
+		c = http.DefaultClient
+	}
+	resp, err := c.Get("http://" + a.Addr + path)
 	if err != nil {
 		t.Fatalf("GET %s: %v", path, err)
 	}

@@ -105,6 +105,7 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 	if labels := a.startKubelet(pods); labels != nil {
 		src.Labels = labels
 	}
+	src.Sessions = a.startRemote(cgroupFS, node)
 	a.coll = collector.New(node, version, src, log)
 	a.startProfiling(node)
 	if cfg.DevicePlugin.Enabled || cfg.Enforcement.Enabled {

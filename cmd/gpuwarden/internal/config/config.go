@@ -68,6 +68,17 @@ type Config struct {
 		Preload        string        `mapstructure:"preload"`
 		HealthInterval time.Duration `mapstructure:"healthInterval"`
 	} `mapstructure:"devicePlugin"`
+	Remote struct {
+		Enabled      bool          `mapstructure:"enabled"`
+		Listen       string        `mapstructure:"listen"`
+		Cert         string        `mapstructure:"cert"`
+		Key          string        `mapstructure:"key"`
+		CA           string        `mapstructure:"ca"`
+		Worker       string        `mapstructure:"worker"`
+		Interposer   string        `mapstructure:"interposer"`
+		Timeout      time.Duration `mapstructure:"timeout"`
+		CgroupParent string        `mapstructure:"cgroupParent"`
+	} `mapstructure:"remote"`
 	Paths struct {
 		Proc   string `mapstructure:"proc"`
 		Cgroup string `mapstructure:"cgroup"`
@@ -121,6 +132,15 @@ var options = []option{
 	{"kubernetes.apiServer", "", "", "the API server the agent reads pod annotations from (gpuwarden.io/weight, compute-limit, priority); empty: the in-cluster address, none off Kubernetes"},
 	{"kubernetes.tokenFile", "/var/run/secrets/kubernetes.io/serviceaccount/token", "", "the service-account token for the API server"},
 	{"kubernetes.caFile", "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt", "", "the API server's CA certificate"},
+	{"remote.enabled", false, "", "serve remote GPU sessions: clients on nodes without a GPU run on a slice of this node's GPUs (`gpuwarden run --remote`), each in a worker process of its own under the interposer"},
+	{"remote.listen", ":7070", "", "the remote sessions' mutual-TLS listener"},
+	{"remote.cert", "/etc/gpuwarden/remote/tls.crt", "", "this node's certificate for remote sessions (PEM); clients use the same variable for theirs"},
+	{"remote.key", "/etc/gpuwarden/remote/tls.key", "", "the certificate's key (PEM)"},
+	{"remote.ca", "/etc/gpuwarden/remote/ca.crt", "", "the CA that signs both ends' certificates; a client's certificate names its namespace, pod and container (spiffe://gpuwarden/ns/NS/pod/POD/container/C)"},
+	{"remote.worker", "", "", "the session worker program; empty: gpuwarden-worker beside the gpuwarden binary"},
+	{"remote.interposer", "", "", "libgpuwarden.so, preloaded into every session's worker; empty: the one beside the gpuwarden binary"},
+	{"remote.timeout", 5 * time.Second, "", "how long a remote link may stay silent (both ends send heartbeats) before it counts as dead: the client's calls then fail and the server ends the session (100ms-10m)"},
+	{"remote.cgroupParent", "gpuwarden-remote", "", "the cgroup, under the cgroup v2 tree's root, in which each session gets a cgroup of its own"},
 	{"paths.proc", "/proc", "", "the proc filesystem (the host's, under hostPID)"},
 	{"paths.cgroup", "", "", "the host's cgroup directory as the agent sees it: the cgroup v2 mount at it or below it (a hybrid host's unified directory), read from the agent's mountinfo (paths.proc/self/mountinfo), is the tree; empty: the agent's own cgroup v2 mount"},
 	{"profiling.pyroscopeServer", "", "", "Pyroscope server address for continuous profiling of the agent; empty: off"},
@@ -316,6 +336,9 @@ func (c Config) Validate() error {
 	if dp.HealthInterval <= 0 {
 		errs = append(errs, fmt.Errorf("devicePlugin.healthInterval %v: want a positive duration", dp.HealthInterval))
 	}
+	if err := c.validateRemote(); err != nil {
+		errs = append(errs, err)
+	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":
 	default:
@@ -365,4 +388,32 @@ func Reference() string {
 		fmt.Fprintf(&b, "| `%s` | `%s` | %s | `%s` | %s |\n", o.key, EnvName(o.key), flag, def, o.help)
 	}
 	return b.String()
+}
+
+func (c Config) validateRemote() error {
+	r := c.Remote
+	if !r.Enabled {
+		return nil
+	}
+	var errs []error
+	if _, _, err := net.SplitHostPort(r.Listen); err != nil {
+		errs = append(errs, fmt.Errorf("remote.listen %q: %w", r.Listen, err))
+	}
+	for _, p := range []struct{ key, v string }{{"remote.cert", r.Cert}, {"remote.key", r.Key}, {"remote.ca", r.CA}} {
+		if p.v == "" {
+			errs = append(errs, fmt.Errorf("%s is empty: remote sessions need mutual TLS", p.key))
+		}
+	}
+	for _, p := range []struct{ key, v string }{{"remote.worker", r.Worker}, {"remote.interposer", r.Interposer}} {
+		if p.v != "" && !strings.HasPrefix(p.v, "/") {
+			errs = append(errs, fmt.Errorf("%s %q: want an absolute path", p.key, p.v))
+		}
+	}
+	if r.Timeout < 100*time.Millisecond || r.Timeout > 10*time.Minute {
+		errs = append(errs, fmt.Errorf("remote.timeout %v: want 100ms-10m", r.Timeout))
+	}
+	if p := strings.Trim(r.CgroupParent, "/"); p == "" || strings.Contains("/"+p+"/", "/../") || strings.Contains("/"+p+"/", "/./") {
+		errs = append(errs, fmt.Errorf("remote.cgroupParent %q: want a cgroup below the root", r.CgroupParent))
+	}
+	return errors.Join(errs...)
 }

@@ -93,6 +93,12 @@ func TestRefusesBadConfig(t *testing.T) {
 		{"bad preload", "devicePlugin:\n  preload: LD_PRELOAD\n", nil, `devicePlugin.preload "LD_PRELOAD"`},
 		{"zero health interval", "devicePlugin:\n  healthInterval: 0s\n", nil, "devicePlugin.healthInterval"},
 		{"unknown devicePlugin key", "devicePlugin:\n  maxinstances: 3\n", nil, "unknown keys: deviceplugin.maxinstances"},
+		{"remote bad listen", "remote:\n  enabled: true\n  listen: \"7070\"\n", nil, "remote.listen"},
+		{"remote no CA", "remote:\n  enabled: true\n  ca: \"\"\n", nil, "remote.ca is empty"},
+		{"remote timeout 0", "", []string{"GPUWARDEN_REMOTE_ENABLED=true", "GPUWARDEN_REMOTE_TIMEOUT=0s"}, "remote.timeout 0s"},
+		{"remote relative worker", "remote:\n  enabled: true\n  worker: bin/w\n", nil, "remote.worker"},
+		{"remote cgroup parent above the root", "remote:\n  enabled: true\n  cgroupParent: a/../..\n", nil, "remote.cgroupParent"},
+		{"remote root cgroup parent", "remote:\n  enabled: true\n  cgroupParent: /\n", nil, "remote.cgroupParent"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -110,6 +116,8 @@ func TestEnvName(t *testing.T) {
 		"ebpf.pinDir":                "GPUWARDEN_EBPF_PIN_DIR",
 		"kubelet.podResourcesSocket": "GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET",
 		"http.listen":                "GPUWARDEN_HTTP_LISTEN",
+		"remote.timeout":             "GPUWARDEN_REMOTE_TIMEOUT",
+		"remote.cgroupParent":        "GPUWARDEN_REMOTE_CGROUP_PARENT",
 	} {
 		if got := EnvName(key); got != want {
 			t.Errorf("EnvName(%q) = %q, want %q", key, got, want)

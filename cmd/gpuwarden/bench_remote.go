@@ -1,0 +1,369 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/pki"
+)
+
+func init() { benchSuites["remote"] = benchSuite{order: 50, run: benchRemote} }
+
+// Remote GPU budgets (issue 15): remote throughput, bandwidth and launch
+// rate as fractions of local.
+const (
+	budgetKernel2ms    = 0.95
+	budgetKernel200us  = 0.80
+	budgetBandwidth    = 0.70 // over loopback
+	budgetLaunchRate   = 0.50 // zero-length kernels, a sync every 1,000
+	remoteBenchAddr    = "10.231.0.1"
+	remoteBenchClient  = "10.231.0.2"
+	remoteBenchNetemUs = 50
+)
+
+// benchNet is one way to reach the GPU node: a network namespace to run
+// the client in and the address it dials.
+type benchNet struct {
+	name, netns, addr string
+}
+
+// benchRemote measures remote sessions against local containers on the
+// same simulated GPU, side by side: the GPU node's agent (remote part on)
+// in a network namespace of its own; clients over its loopback and over a
+// veth pair from another namespace (and, where the kernel has sch_netem,
+// the veth pair with 50 µs more round trip). Local runs are containers on
+// the GPU node under the interposer.
+func benchRemote(o benchOptions, stdout io.Writer) error {
+	if os.Geteuid() != 0 {
+		return errors.New("needs root (network namespaces and cgroups)")
+	}
+	m, err := newSimMachine(1, "16Gi")
+	if err != nil {
+		return err
+	}
+	defer m.close()
+	creds := filepath.Join(m.dir, "pki")
+	if err := benchCredentials(creds); err != nil {
+		return err
+	}
+	server, err := newBenchNetNS()
+	if err != nil {
+		return err
+	}
+	defer server.close()
+	client, err := newBenchNetNS()
+	if err != nil {
+		return err
+	}
+	defer client.close()
+	if err := benchVeth(server, client); err != nil {
+		return err
+	}
+	parent := fmt.Sprintf("gpuwarden-bench-remote-%d", os.Getpid())
+	agent, _, err := m.startAgentIn(server.path, "127.0.0.1:0",
+		// What is measured is the link: no probes, and no scheduler that
+		// would share the GPU between the run measured and the sessions
+		// and containers that just ended.
+		"GPUWARDEN_EBPF_ENABLED=false", "GPUWARDEN_ENFORCEMENT_ENABLED=false",
+		"GPUWARDEN_REMOTE_ENABLED=true", "GPUWARDEN_REMOTE_LISTEN=0.0.0.0:7070",
+		"GPUWARDEN_REMOTE_CERT="+filepath.Join(creds, "server.crt"), "GPUWARDEN_REMOTE_KEY="+filepath.Join(creds, "server.key"),
+		"GPUWARDEN_REMOTE_CA="+filepath.Join(creds, "ca.crt"), "GPUWARDEN_REMOTE_CGROUP_PARENT="+parent,
+		"LD_LIBRARY_PATH="+filepath.Join(m.bin, "simgpu"))
+	if err != nil {
+		return err
+	}
+	defer func() {
+		stopProcess(agent)
+		if mnt, err := cgroups.Mount("/proc/self/mountinfo"); err == nil {
+			_ = os.Remove(filepath.Join(mnt, parent))
+		}
+	}()
+
+	nets := []benchNet{{"loopback", server.path, "127.0.0.1"}, {"veth", client.path, remoteBenchAddr}}
+	netem := exec.Command("nsenter", "--net="+client.path, "tc", "qdisc", "add", "dev", "gw1", "root", "netem",
+		"delay", fmt.Sprintf("%dus", remoteBenchNetemUs))
+	netemOut, netemErr := netem.CombinedOutput()
+	if netemErr == nil {
+		nets = append(nets, benchNet{"veth_netem50us", client.path, remoteBenchAddr})
+	} else {
+		fmt.Fprintf(os.Stderr, "gpuwarden bench: remote: no sch_netem in this kernel (%s): no row with added delay\n",
+			strings.TrimSpace(string(netemOut)))
+	}
+	fmt.Fprintf(stdout, "BENCH remote_netem_available %d bool\n", b2i(netemErr == nil))
+	// The netem qdisc sits on the client's end; the other rows go out
+	// through it too unless it is off while they run.
+	setNetem := func(on bool) {
+		if netemErr != nil {
+			return
+		}
+		op := "del"
+		if on {
+			op = "add"
+		}
+		_ = exec.Command("nsenter", "--net="+client.path, "tc", "qdisc", op, "dev", "gw1", "root", "netem",
+			"delay", fmt.Sprintf("%dus", remoteBenchNetemUs)).Run()
+	}
+	setNetem(false)
+
+	r := &remoteRunner{m: m, creds: creds, nets: nets, setNetem: setNetem}
+	secs := fmt.Sprint(o.seconds)
+	for _, k := range []struct {
+		name   string
+		ns     int
+		budget float64
+	}{{"20us", 20000, 0}, {"200us", 200000, budgetKernel200us}, {"2ms", 2000000, budgetKernel2ms}} {
+		f := figure{prog: "simgpu/workload", key: "workload_steps_per_sec", name: "kernel_" + k.name + "_steps_per_sec",
+			unit: "steps/s", budget: k.budget, budgetNets: []string{"loopback", "veth"},
+			args: []string{"--alloc", "256Mi", "--seconds", secs, "--kernels", "8", "--kernel-ns", strconv.Itoa(k.ns)}}
+		if err := r.compare(f, stdout); err != nil {
+			return err
+		}
+	}
+	// One synchronous call's round trip: a zero-length launch and two
+	// synchronizes a step, the second a pure round trip.
+	rt := figure{prog: "simgpu/workload", key: "workload_steps_per_sec", name: "sync_round_trip_us", unit: "us",
+		args:      []string{"--kernels", "1", "--kernel-ns", "0", "--sync-every-launch", "--steps", "2000"},
+		transform: func(stepsPerSec float64) float64 { return 1e6 / stepsPerSec / 2 }}
+	if err := r.compare(rt, stdout); err != nil {
+		return err
+	}
+	// Launches a second (zero-length kernels, a sync every 1,000) and
+	// bandwidth, with gw-remote.
+	for _, f := range []figure{
+		{prog: "interposer/gw-remote", args: []string{"launches", "200000"}, key: "launches_per_sec", name: "launches_per_sec",
+			unit: "launches/s", budget: budgetLaunchRate, budgetNets: []string{"loopback"}},
+		{prog: "interposer/gw-remote", args: []string{"bandwidth", "64"}, key: "htod_mib_per_sec", name: "htod_mib_per_sec",
+			unit: "MiB/s", budget: budgetBandwidth, budgetNets: []string{"loopback"}},
+		{prog: "interposer/gw-remote", args: []string{"bandwidth", "64"}, key: "dtoh_mib_per_sec", name: "dtoh_mib_per_sec",
+			unit: "MiB/s", budget: budgetBandwidth, budgetNets: []string{"loopback"}},
+	} {
+		if err := r.compare(f, stdout); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// benchRounds: every figure is measured this many times, local and each
+// network in turn (the order rotating), and the medians printed.
+const benchRounds = 3
+
+// figure is one BENCH figure measured locally and over each network.
+type figure struct {
+	prog       string   // relative to bin/
+	args       []string // the program's
+	key        string   // the program's BENCH line
+	name, unit string
+	transform  func(float64) float64 // nil: as printed
+	budget     float64               // remote/local at least; 0: none
+	budgetNets []string              // the networks the budget is stated for
+}
+
+// compare prints local_<name>, remote_<net>_<name>, their ratio (the
+// median of the rounds' ratios) and, where a budget is stated,
+// remote_<net>_<name>_within_budget.
+func (r *remoteRunner) compare(f figure, stdout io.Writer) error {
+	vals := map[string][]float64{}
+	ratios := map[string][]float64{}
+	for round := 0; round < benchRounds; round++ {
+		got := map[string]float64{}
+		order := append([]string{"local"}, netNames(r.nets)...)
+		for i := range order {
+			name := order[(i+round)%len(order)]
+			var out map[string]float64
+			var err error
+			if name == "local" {
+				out, err = r.local(f.prog, f.args...)
+			} else {
+				n := r.net(name)
+				r.setNetem(n.name == "veth_netem50us")
+				out, err = r.remote(n, f.prog, f.args...)
+				r.setNetem(false)
+			}
+			if err != nil {
+				log, _ := os.ReadFile(filepath.Join(r.m.dir, "agent.log"))
+				return fmt.Errorf("%w\nthe agent's log ends:\n%s", err, lastLines(string(log), 15))
+			}
+			v, ok := out[f.key]
+			if !ok || v <= 0 {
+				return fmt.Errorf("%s %v printed no %s", f.prog, f.args, f.key)
+			}
+			got[name] = v
+			if f.transform != nil {
+				v = f.transform(v)
+			}
+			vals[name] = append(vals[name], v)
+		}
+		for _, n := range r.nets {
+			ratios[n.name] = append(ratios[n.name], got[n.name]/got["local"]) // of the raw rates
+		}
+	}
+	fmt.Fprintf(stdout, "BENCH local_%s %.2f %s\n", f.name, interposerMedian(vals["local"]), f.unit)
+	for _, n := range r.nets {
+		ratio := interposerMedian(ratios[n.name])
+		fmt.Fprintf(stdout, "BENCH remote_%s_%s %.2f %s\n", n.name, f.name, interposerMedian(vals[n.name]), f.unit)
+		if f.transform == nil {
+			fmt.Fprintf(stdout, "BENCH remote_%s_%s_ratio %.3f ratio\n", n.name, f.name, ratio)
+		}
+		if f.budget > 0 && slices.Contains(f.budgetNets, n.name) {
+			fmt.Fprintf(stdout, "BENCH remote_%s_%s_within_budget %d bool\n", n.name, f.name, b2i(ratio >= f.budget))
+		}
+	}
+	return nil
+}
+
+func lastLines(s string, n int) string {
+	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
+	return strings.Join(l[max(len(l)-n, 0):], "\n")
+}
+
+func netNames(nets []benchNet) []string {
+	var out []string
+	for _, n := range nets {
+		out = append(out, n.name)
+	}
+	return out
+}
+
+func benchCredentials(dir string) error {
+	if err := pki.CreateCA(dir, "bench CA", 24*time.Hour); err != nil {
+		return err
+	}
+	if err := pki.Issue(dir, dir, pki.Request{Name: "server", Hosts: []string{"127.0.0.1", remoteBenchAddr}, Validity: 24 * time.Hour}); err != nil {
+		return err
+	}
+	return pki.Issue(dir, dir, pki.Request{Name: "client", Validity: 24 * time.Hour,
+		Client: &pki.Identity{Namespace: "bench", Pod: "bench", Container: "bench"}})
+}
+
+// remoteRunner runs a program of bin/simgpu locally (a container on the GPU
+// node) or through `gpuwarden run --remote`, and reads its BENCH lines.
+type remoteRunner struct {
+	m        *simMachine
+	creds    string
+	nets     []benchNet
+	setNetem func(on bool)
+}
+
+func (r *remoteRunner) net(name string) benchNet {
+	for _, n := range r.nets {
+		if n.name == name {
+			return n
+		}
+	}
+	return benchNet{}
+}
+
+func (r *remoteRunner) local(prog string, args ...string) (map[string]float64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), benchRunTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(r.m.bin, prog), args...)
+	cmd.Env = append(r.m.env(), "LD_PRELOAD="+filepath.Join(r.m.bin, "libgpuwarden.so"),
+		"GPUWARDEN_CONTROL_DIR="+r.m.controlDir(), "GPUWARDEN_MEMORY_LIMIT=8Gi")
+	return benchLines(cmd)
+}
+
+func (r *remoteRunner) remote(n benchNet, prog string, args ...string) (map[string]float64, error) {
+	all := []string{"--net=" + n.netns, "--", filepath.Join(r.m.bin, "gpuwarden"), "run", "--remote", n.addr,
+		"--memory", "0.5", "--cert", filepath.Join(r.creds, "client.crt"), "--key", filepath.Join(r.creds, "client.key"),
+		"--ca", filepath.Join(r.creds, "ca.crt"), "--", filepath.Join(r.m.bin, prog)}
+	ctx, cancel := context.WithTimeout(context.Background(), benchRunTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "nsenter", append(all, args...)...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // a client node: no simgpu, no driver
+	return benchLines(cmd)
+}
+
+// benchRunTimeout bounds one run: a session whose worker is frozen (by a
+// breach action, say) waits as long as the freeze, as a container would.
+const benchRunTimeout = 2 * time.Minute
+
+// benchLines runs cmd and returns its BENCH figures by name.
+func benchLines(cmd *exec.Cmd) (map[string]float64, error) {
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("%s: %w: %s", strings.Join(cmd.Args, " "), err, errb.String())
+	}
+	got := map[string]float64{}
+	sc := bufio.NewScanner(&out)
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) >= 3 && f[0] == "BENCH" {
+			if v, err := strconv.ParseFloat(f[2], 64); err == nil {
+				got[f[1]] = v
+			}
+		}
+	}
+	if len(got) == 0 {
+		return nil, fmt.Errorf("%s printed no BENCH line: %s", strings.Join(cmd.Args, " "), out.String())
+	}
+	return got, nil
+}
+
+// benchNetNS is a network namespace held by a sleeping process.
+type benchNetNS struct {
+	path string
+	hold *exec.Cmd
+}
+
+func newBenchNetNS() (*benchNetNS, error) {
+	hold := exec.Command("unshare", "--net", "sh", "-c", "ip link set lo up && echo up && exec sleep infinity")
+	out, err := hold.StdoutPipe()
+	if err == nil {
+		err = hold.Start()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("unshare --net: %w", err)
+	}
+	n := &benchNetNS{path: fmt.Sprintf("/proc/%d/ns/net", hold.Process.Pid), hold: hold}
+	// Ready once the holder says so, from inside the namespace.
+	b := make([]byte, 2)
+	if _, err := io.ReadFull(out, b); err != nil || string(b) != "up" {
+		n.close()
+		return nil, fmt.Errorf("unshare --net: the namespace's loopback did not come up (%v)", err)
+	}
+	return n, nil
+}
+
+func (n *benchNetNS) run(args ...string) error {
+	out, err := exec.Command("nsenter", append([]string{"--net=" + n.path, "--"}, args...)...).CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("%s: %w: %s", strings.Join(args, " "), err, out)
+	}
+	return nil
+}
+
+func (n *benchNetNS) close() { _ = n.hold.Process.Kill(); _ = n.hold.Wait() }
+
+// benchVeth joins the server's namespace (gw0, 10.231.0.1) and the
+// client's (gw1, 10.231.0.2).
+func benchVeth(server, client *benchNetNS) error {
+	for _, step := range []struct {
+		ns   *benchNetNS
+		args []string
+	}{
+		{server, []string{"ip", "link", "add", "gw0", "type", "veth", "peer", "name", "gw1", "netns", client.path}},
+		{server, []string{"ip", "addr", "add", remoteBenchAddr + "/24", "dev", "gw0"}},
+		{server, []string{"ip", "link", "set", "gw0", "up"}},
+		{client, []string{"ip", "addr", "add", remoteBenchClient + "/24", "dev", "gw1"}},
+		{client, []string{"ip", "link", "set", "gw1", "up"}},
+	} {
+		if err := step.ns.run(step.args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}

@@ -1,0 +1,363 @@
+/* The client's session with gpuwarden-worker: one unix stream socket per
+ * process, named by GPUWARDEN_REMOTE=unix:PATH.
+ *
+ * Asynchronous frames go into a batch that is written when a synchronous
+ * call needs its reply, when the batch reaches GWR_BATCH bytes, or by the
+ * flusher thread within GWR_FLUSH_NS of the batch's first frame, so a
+ * program that launches and then sleeps still gets its work run. Replies
+ * are read by one of the calls waiting for them at a time (the leader),
+ * which hands each to its caller by seq: a single-threaded program reads
+ * its own reply, with no thread in between. When the socket ends, every
+ * call, waiting ones included, fails at once with
+ * CUDA_ERROR_DEVICE_UNAVAILABLE. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "client.h"
+
+#define GWR_BATCH (64u << 10)
+#define GWR_FLUSH_NS 200000L        /* a batch waits at most this long for company */
+#define GWR_HELLO_TIMEOUT_MS 5000   /* connecting is the only wait with a timeout of its own */
+
+struct waiter {
+    uint32_t seq;
+    int done;
+    CUresult result;
+    uint8_t *out;
+    size_t cap, nout;
+    uint8_t *bulk;
+    size_t nbulk;
+    struct waiter *next;
+};
+
+static struct {
+    pthread_mutex_t mu; /* the session's state and the waiters */
+    pthread_cond_t cv;  /* a reply arrived, or the session died */
+    int fd;
+    int state; /* 0 not connected, 1 connected, 2 dead */
+    int reading; /* a waiting call reads replies for all */
+    struct waiter *waiters;
+
+    pthread_mutex_t send_mu; /* the batch and the socket's write side */
+    pthread_cond_t send_cv;  /* the batch became non-empty */
+    uint8_t batch[GWR_BATCH];
+    size_t nbatch;
+} S = {
+    .mu = PTHREAD_MUTEX_INITIALIZER,
+    .cv = PTHREAD_COND_INITIALIZER,
+    .fd = -1,
+    .send_mu = PTHREAD_MUTEX_INITIALIZER,
+    .send_cv = PTHREAD_COND_INITIALIZER,
+};
+
+static _Atomic uint32_t g_seq;
+static _Atomic uint64_t g_ids = 0x100;
+
+uint64_t gwr_new_id(void) { return atomic_fetch_add_explicit(&g_ids, 16, memory_order_relaxed); }
+
+/* A forked child's state is reset to 0 by the fork handler: no getpid here. */
+int gwr_connected(void) { return __atomic_load_n(&S.state, __ATOMIC_ACQUIRE) == 1; }
+
+int gwr_dead(void) { return __atomic_load_n(&S.state, __ATOMIC_ACQUIRE) == 2; }
+
+/* kill_session marks the session dead; the reading call's read then fails,
+ * and it wakes every waiting call: only it may, since it may be writing into
+ * a waiting call's buffer until its read returns. */
+static void kill_session(void) {
+    pthread_mutex_lock(&S.mu);
+    if (S.state == 1) {
+        __atomic_store_n(&S.state, 2, __ATOMIC_RELEASE);
+        shutdown(S.fd, SHUT_RDWR); /* any read or write returns at once */
+    }
+    pthread_mutex_unlock(&S.mu);
+    pthread_cond_broadcast(&S.send_cv); /* the flusher ends */
+}
+
+static void wake_all_dead(void) {
+    pthread_mutex_lock(&S.mu);
+    for (struct waiter *w = S.waiters; w; w = w->next) {
+        w->done = 1;
+        w->result = CUDA_ERROR_DEVICE_UNAVAILABLE;
+    }
+    pthread_cond_broadcast(&S.cv);
+    pthread_mutex_unlock(&S.mu);
+}
+
+static int read_full(int fd, void *dst, size_t n) {
+    uint8_t *p = dst;
+    while (n) {
+        ssize_t r = read(fd, p, n);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return -1;
+        p += r, n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* write_iov writes it all; MSG_NOSIGNAL: a dead worker is an error to
+ * report, not a SIGPIPE that kills the program. */
+static int write_iov(int fd, struct iovec *v, int n) {
+    while (n) {
+        struct msghdr m = {.msg_iov = v, .msg_iovlen = (size_t)n};
+        ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) return -1;
+        while (n && (size_t)w >= v->iov_len) w -= (ssize_t)v->iov_len, v++, n--;
+        if (n) v->iov_base = (char *)v->iov_base + w, v->iov_len -= (size_t)w;
+    }
+    return 0;
+}
+
+static struct waiter *find_waiter(uint32_t seq) {
+    for (struct waiter *w = S.waiters; w; w = w->next)
+        if (w->seq == seq && !w->done) return w;
+    return NULL;
+}
+
+/* read_one reads one frame and hands it to its caller; -1: the session is
+ * over. Bulk data is read straight into the caller's buffer: the waiter
+ * stays registered, and its buffer valid, until it is marked done here. */
+static int read_one(int fd) {
+    static uint8_t scratch[GWR_MAX_PAYLOAD]; /* only the reading call uses it */
+    uint8_t hb[GWR_HDR_SIZE];
+    struct gwr_hdr h;
+    if (read_full(fd, hb, sizeof hb) || gwr_get_hdr(hb, &h)) return -1;
+    pthread_mutex_lock(&S.mu);
+    struct waiter *w = find_waiter(h.seq);
+    pthread_mutex_unlock(&S.mu);
+    if (h.op == GWR_OP_DATA) {
+        uint64_t off;
+        if (h.len < 8 || read_full(fd, &off, 8)) return -1;
+        size_t n = h.len - 8;
+        if (!w || off > w->nbulk || n > w->nbulk - off) return -1; /* data nobody asked for */
+        return read_full(fd, w->bulk + off, n);
+    }
+    if (h.op != GWR_OP_REPLY || h.len < 4 || read_full(fd, scratch, h.len) || !w) return -1;
+    uint32_t res;
+    memcpy(&res, scratch, 4);
+    size_t n = h.len - 4;
+    pthread_mutex_lock(&S.mu);
+    w->result = (CUresult)res;
+    w->nout = n < w->cap ? n : w->cap;
+    if (w->out) memcpy(w->out, scratch + 4, w->nout);
+    w->done = 1;
+    pthread_cond_broadcast(&S.cv);
+    pthread_mutex_unlock(&S.mu);
+    return 0;
+}
+
+/* flush_locked writes the batch; send_mu is held. */
+static int flush_locked(void) {
+    if (!S.nbatch) return 0;
+    struct iovec v = {S.batch, S.nbatch};
+    S.nbatch = 0;
+    return write_iov(S.fd, &v, 1);
+}
+
+static void *flusher(void *arg) {
+    (void)arg;
+    pthread_mutex_lock(&S.send_mu);
+    while (!gwr_dead()) {
+        while (!S.nbatch && !gwr_dead()) pthread_cond_wait(&S.send_cv, &S.send_mu);
+        pthread_mutex_unlock(&S.send_mu);
+        struct timespec ts = {0, GWR_FLUSH_NS};
+        nanosleep(&ts, NULL);
+        pthread_mutex_lock(&S.send_mu);
+        if (!gwr_dead() && flush_locked()) {
+            pthread_mutex_unlock(&S.send_mu);
+            kill_session();
+            pthread_mutex_lock(&S.send_mu);
+        }
+    }
+    pthread_mutex_unlock(&S.send_mu);
+    return NULL;
+}
+
+/* send_frame queues (or, if large, writes) one frame; flush: write it all now. */
+static CUresult send_frame(uint16_t op, uint16_t flags, uint32_t seq, const void *a, size_t na, const void *b,
+                           size_t nb, int flush) {
+    uint8_t hb[GWR_HDR_SIZE];
+    struct gwr_hdr h = {.len = (uint32_t)(na + nb), .op = op, .flags = flags, .seq = seq, .ctx = gwr_cur_ctx()};
+    gwr_put_hdr(hb, &h);
+    size_t total = sizeof hb + na + nb;
+    int err = 0;
+    pthread_mutex_lock(&S.send_mu);
+    if (gwr_dead()) {
+        pthread_mutex_unlock(&S.send_mu);
+        return CUDA_ERROR_DEVICE_UNAVAILABLE;
+    }
+    if (total <= GWR_BATCH - S.nbatch || (total <= GWR_BATCH / 4 && !(err = flush_locked()))) {
+        int was_empty = !S.nbatch;
+        memcpy(S.batch + S.nbatch, hb, sizeof hb);
+        if (na) memcpy(S.batch + S.nbatch + sizeof hb, a, na);
+        if (nb) memcpy(S.batch + S.nbatch + sizeof hb + na, b, nb);
+        S.nbatch += total;
+        if (flush || S.nbatch >= GWR_BATCH / 2) err = flush_locked();
+        else if (was_empty) pthread_cond_signal(&S.send_cv);
+    } else if (!err && !(err = flush_locked())) {
+        struct iovec v[3] = {{hb, sizeof hb}, {(void *)a, na}, {(void *)b, nb}};
+        err = write_iov(S.fd, v, 3); /* bulk: no copy into the batch */
+    }
+    pthread_mutex_unlock(&S.send_mu);
+    if (err) {
+        kill_session();
+        return CUDA_ERROR_DEVICE_UNAVAILABLE;
+    }
+    return CUDA_SUCCESS;
+}
+
+static void reset_after_fork(void) {
+    /* The child shares the parent's socket but not its threads: it must
+     * never touch that session; its next cuInit or call opens its own. */
+    if (S.fd >= 0) close(S.fd);
+    pthread_mutex_init(&S.mu, NULL);
+    pthread_cond_init(&S.cv, NULL);
+    pthread_mutex_init(&S.send_mu, NULL);
+    pthread_cond_init(&S.send_cv, NULL);
+    S.fd = -1;
+    S.state = 0;
+    S.waiters = NULL;
+    S.reading = 0;
+    S.nbatch = 0;
+    gwr_alloc_forget_all();
+}
+
+static CUresult hello(int fd) {
+    uint8_t f[GWR_HDR_SIZE + 8];
+    struct gwr_hdr h = {.len = 8, .op = GWR_OP_HELLO, .flags = GWR_F_SYNC, .seq = 1};
+    gwr_put_hdr(f, &h);
+    uint32_t body[2] = {GWR_MAGIC, GWR_VERSION};
+    memcpy(f + GWR_HDR_SIZE, body, 8);
+    struct iovec v = {f, sizeof f};
+    if (write_iov(fd, &v, 1)) return CUDA_ERROR_DEVICE_UNAVAILABLE;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, GWR_HELLO_TIMEOUT_MS) != 1) return CUDA_ERROR_DEVICE_UNAVAILABLE;
+    uint8_t r[GWR_HDR_SIZE + 8];
+    struct gwr_hdr rh;
+    if (read_full(fd, r, sizeof r) || gwr_get_hdr(r, &rh) || rh.op != GWR_OP_REPLY || rh.len != 8)
+        return CUDA_ERROR_DEVICE_UNAVAILABLE;
+    uint32_t res;
+    memcpy(&res, r + GWR_HDR_SIZE, 4);
+    return (CUresult)res;
+}
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static void register_fork(void) { pthread_atfork(NULL, NULL, reset_after_fork); }
+
+/* remote_path reads GPUWARDEN_REMOTE=unix:PATH; NULL (said on stderr) if unset or malformed. */
+static const char *remote_path(void) {
+    const char *v = getenv("GPUWARDEN_REMOTE");
+    struct sockaddr_un a;
+    if (!v || !*v) {
+        fprintf(stderr, "gpuwarden: GPUWARDEN_REMOTE is not set: want unix:/path/to/socket\n");
+        return NULL;
+    }
+    if (strncmp(v, "unix:", 5) || !v[5] || strlen(v + 5) >= sizeof a.sun_path) {
+        fprintf(stderr, "gpuwarden: GPUWARDEN_REMOTE=%s: want unix:/path/to/socket (at most %zu bytes)\n", v,
+                sizeof a.sun_path - 1);
+        return NULL;
+    }
+    return v + 5;
+}
+
+CUresult gwr_connect(void) {
+    pthread_once(&g_once, register_fork);
+    pthread_mutex_lock(&S.mu);
+    CUresult rc = CUDA_SUCCESS;
+    if (S.state == 2) rc = CUDA_ERROR_DEVICE_UNAVAILABLE;
+    if (S.state != 0) goto out;
+    const char *path = remote_path();
+    if (!path) {
+        rc = CUDA_ERROR_NO_DEVICE;
+        goto out;
+    }
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    strcpy(a.sun_path, path);
+    int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0 || connect(fd, (struct sockaddr *)&a, sizeof a)) {
+        fprintf(stderr, "gpuwarden: GPUWARDEN_REMOTE: connect %s: %s\n", path, strerror(errno));
+        if (fd >= 0) close(fd);
+        rc = CUDA_ERROR_DEVICE_UNAVAILABLE;
+        goto out;
+    }
+    int buf = GWR_SOCKET_BUFFER;
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
+    if ((rc = hello(fd))) {
+        fprintf(stderr, "gpuwarden: GPUWARDEN_REMOTE: %s did not answer as a gpuwarden worker\n", path);
+        close(fd);
+        goto out;
+    }
+    pthread_t t;
+    pthread_attr_t at;
+    pthread_attr_init(&at);
+    pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+    S.fd = fd;
+    S.state = 1;
+    if (pthread_create(&t, &at, flusher, NULL)) {
+        S.state = 2; /* a thread is missing: nothing could be answered */
+        shutdown(fd, SHUT_RDWR);
+        rc = CUDA_ERROR_OUT_OF_MEMORY;
+    }
+    pthread_attr_destroy(&at);
+out:
+    pthread_mutex_unlock(&S.mu);
+    return rc;
+}
+
+CUresult gwr_async(uint16_t op, const void *a, size_t na, const void *b, size_t nb) {
+    return send_frame(op, 0, 0, a, na, b, nb, 0);
+}
+
+CUresult gwr_call(uint16_t op, const void *a, size_t na, const void *b, size_t nb, void *out, size_t cap,
+                  size_t *nout, void *bulk, size_t nbulk) {
+    uint32_t seq;
+    while ((seq = atomic_fetch_add_explicit(&g_seq, 1, memory_order_relaxed)) == 0) {
+    }
+    struct waiter w = {.seq = seq, .out = out, .cap = cap, .bulk = bulk, .nbulk = nbulk};
+    pthread_mutex_lock(&S.mu);
+    if (S.state != 1) {
+        pthread_mutex_unlock(&S.mu);
+        return CUDA_ERROR_DEVICE_UNAVAILABLE;
+    }
+    w.next = S.waiters;
+    S.waiters = &w;
+    pthread_mutex_unlock(&S.mu);
+    send_frame(op, GWR_F_SYNC, seq, a, na, b, nb, 1); /* a failure ends the read below */
+    pthread_mutex_lock(&S.mu);
+    while (!w.done) {
+        if (S.reading) { /* another call reads: it hands us our reply */
+            pthread_cond_wait(&S.cv, &S.mu);
+            continue;
+        }
+        S.reading = 1;
+        int fd = S.fd;
+        pthread_mutex_unlock(&S.mu);
+        if (read_one(fd)) {
+            kill_session();
+            wake_all_dead();
+        }
+        pthread_mutex_lock(&S.mu);
+        S.reading = 0;
+        pthread_cond_broadcast(&S.cv); /* a call still waiting reads next */
+    }
+    for (struct waiter **pp = &S.waiters; *pp; pp = &(*pp)->next)
+        if (*pp == &w) {
+            *pp = w.next;
+            break;
+        }
+    pthread_mutex_unlock(&S.mu);
+    if (nout) *nout = w.nout;
+    return w.result;
+}

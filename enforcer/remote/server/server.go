@@ -1,0 +1,305 @@
+// Package server is the GPU node's side of remote GPU sessions: a mutual
+// TLS listener that answers list requests and serves each session with a
+// worker process in a cgroup of its own, under the interposer with the
+// session's quota, weight and priority, so the node's enforcer, probes and
+// collector treat it as one more container.
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"path"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/link"
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/pki"
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
+)
+
+// MaxSessions bounds the sessions (each a worker process) one server runs,
+// whatever memory is left: a client must not fork the node to death with
+// sessions of a MiB each.
+const MaxSessions = 256
+
+// Config is what a server needs.
+type Config struct {
+	Listen  string
+	TLS     *tls.Config // pki.ServerConfig
+	Timeout time.Duration
+	Node    string
+	// Devices lists the node's GPUs (Granted and Sessions are filled in
+	// by the server).
+	Devices func() ([]session.Device, error)
+	Worker  Worker
+	Log     *slog.Logger
+}
+
+// Server serves remote sessions until Close.
+type Server struct {
+	cfg Config
+	lis net.Listener
+
+	mu       sync.Mutex
+	sessions map[string]*active // by cgroup path
+	conns    map[net.Conn]bool
+	closed   bool
+	next     uint64
+	wg       sync.WaitGroup
+}
+
+// active is one running session.
+type active struct {
+	id       pki.Identity
+	uuid     string
+	granted  uint64
+	cgroup   string // path in the cgroup tree
+	sessName string
+}
+
+// Start removes what sessions of a previous server left, listens, and
+// serves.
+func Start(cfg Config) (*Server, error) {
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = link.DefaultTimeout
+	}
+	if err := cfg.Worker.check(); err != nil {
+		return nil, err
+	}
+	if err := cfg.Worker.removeStale(); err != nil {
+		return nil, err
+	}
+	lis, err := tls.Listen("tcp", cfg.Listen, cfg.TLS)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
+	}
+	s := &Server{cfg: cfg, lis: lis, sessions: map[string]*active{}, conns: map[net.Conn]bool{},
+		next: uint64(time.Now().UnixNano())}
+	s.wg.Add(1)
+	go s.serve()
+	return s, nil
+}
+
+// Addr is the listener's address.
+func (s *Server) Addr() string { return s.lis.Addr().String() }
+
+// Close stops listening and ends every session (their workers killed).
+func (s *Server) Close() error {
+	err := s.lis.Close()
+	s.mu.Lock()
+	s.closed = true
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+	return err
+}
+
+// Label names the client of the session whose worker runs in cgroup path
+// (as the collector's resolver writes paths).
+func (s *Server) Label(cgroupPath string) (pki.Identity, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	a, ok := s.sessions[path.Clean("/"+cgroupPath)]
+	if !ok {
+		return pki.Identity{}, false
+	}
+	return a.id, true
+}
+
+func (s *Server) serve() {
+	defer s.wg.Done()
+	for {
+		c, err := s.lis.Accept()
+		if err != nil {
+			if !errors.Is(err, net.ErrClosed) {
+				s.cfg.Log.Error("remote: accept", "err", err)
+			}
+			return
+		}
+		s.mu.Lock()
+		if s.closed {
+			s.mu.Unlock()
+			c.Close()
+			return
+		}
+		s.conns[c] = true
+		s.wg.Add(1)
+		s.mu.Unlock()
+		go func() {
+			defer s.wg.Done()
+			tc := c.(*tls.Conn)
+			link.Buffered(tc.NetConn())
+			s.handle(tc)
+			s.mu.Lock()
+			delete(s.conns, c)
+			s.mu.Unlock()
+			c.Close()
+		}()
+	}
+}
+
+// handle authenticates the client, reads its first frame and answers it.
+func (s *Server) handle(c *tls.Conn) {
+	log := s.cfg.Log.With("peer", c.RemoteAddr().String())
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
+	err := c.HandshakeContext(ctx)
+	cancel()
+	if err != nil {
+		log.Warn("remote: TLS handshake refused", "err", err)
+		return
+	}
+	id, err := pki.PeerIdentity(c.ConnectionState())
+	if err != nil {
+		log.Warn("remote: client certificate names no container", "err", err)
+		return
+	}
+	log = log.With("client", id.String())
+	l := link.New(c, s.cfg.Timeout)
+	t, p, err := l.Recv()
+	if err != nil {
+		log.Warn("remote: no request", "err", err)
+		return
+	}
+	switch t {
+	case link.List:
+		s.answer(l, link.GPUs, s.list())
+	case link.Hello:
+		var req session.Request
+		if err := session.Decode(p, &req); err != nil {
+			s.answer(l, link.Welcome, session.Welcome{Error: err.Error()})
+			return
+		}
+		s.session(l, id, req, log)
+	default:
+		log.Warn("remote: unexpected first frame", "type", t.String())
+	}
+}
+
+func (s *Server) answer(l *link.Conn, t link.Type, v any) {
+	b, _ := json.Marshal(v)
+	_ = l.Send(t, b)
+}
+
+// devices is the node's GPUs with the sessions' grants on them.
+func (s *Server) devices() ([]session.Device, error) {
+	devs, err := s.cfg.Devices()
+	if err != nil {
+		return nil, fmt.Errorf("list GPUs: %w", err)
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.addGrantsLocked(devs)
+	return devs, nil
+}
+
+// addGrantsLocked sets each device's grants and sessions from the running
+// sessions.
+func (s *Server) addGrantsLocked(devs []session.Device) {
+	for i := range devs {
+		devs[i].Granted, devs[i].Sessions = 0, 0
+		for _, a := range s.sessions {
+			if a.uuid == devs[i].UUID {
+				devs[i].Granted += a.granted
+				devs[i].Sessions++
+			}
+		}
+	}
+}
+
+func (s *Server) list() session.GPUList {
+	devs, err := s.devices()
+	out := session.GPUList{Node: s.cfg.Node, GPUs: []session.GPU{}}
+	if err != nil {
+		out.Error = err.Error()
+		return out
+	}
+	for _, d := range devs {
+		out.GPUs = append(out.GPUs, session.GPU{Index: d.Index, UUID: d.UUID, Name: d.Name, TotalBytes: d.TotalBytes,
+			UsedBytes: d.UsedBytes, FreeBytes: d.Free(), Sessions: d.Sessions})
+	}
+	return out
+}
+
+// session places the request, starts its worker, answers, and relays
+// until the client or the worker goes.
+func (s *Server) session(l *link.Conn, id pki.Identity, req session.Request, log *slog.Logger) {
+	refuse := func(err error) {
+		log.Info("remote: session refused", "err", err)
+		s.answer(l, link.Welcome, session.Welcome{Error: err.Error()})
+	}
+	v, err := req.Check()
+	if err != nil {
+		refuse(err)
+		return
+	}
+	devs, err := s.cfg.Devices()
+	if err != nil {
+		refuse(fmt.Errorf("list GPUs: %w", err))
+		return
+	}
+	// Place and record under one lock, so two requests cannot both take
+	// the last free memory.
+	s.mu.Lock()
+	s.addGrantsLocked(devs)
+	placed, err := session.Place(v, devs)
+	switch {
+	case s.closed:
+		err = errors.New("the server is shutting down")
+	case err == nil && len(s.sessions) >= MaxSessions:
+		err = fmt.Errorf("the server runs %d sessions, its most", MaxSessions)
+	}
+	if err != nil {
+		s.mu.Unlock()
+		refuse(err)
+		return
+	}
+	s.next++
+	name := fmt.Sprintf("s-%x", s.next)
+	a := &active{id: id, uuid: placed.Device.UUID, granted: placed.MemoryBytes,
+		cgroup: s.cfg.Worker.cgroupPath(name), sessName: name}
+	s.sessions[a.cgroup] = a
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.sessions, a.cgroup)
+		s.mu.Unlock()
+	}()
+
+	w := session.Welcome{Session: name, GPU: placed.Device.UUID, Name: placed.Device.Name,
+		MemoryBytes: placed.MemoryBytes, Weight: v.Weight, Priority: "normal"}
+	if v.High {
+		w.Priority = "high"
+	}
+	log = log.With("session", name, "gpu", w.GPU)
+	proc, err := s.cfg.Worker.start(name, w, log)
+	if err != nil {
+		refuse(fmt.Errorf("start the session's worker: %w", err))
+		return
+	}
+	defer proc.stop(log)
+	b, _ := json.Marshal(w)
+	if err := l.Send(link.Welcome, b); err != nil {
+		log.Info("remote: client gone before the session began", "err", err)
+		return
+	}
+	log.Info("remote: session started", "memory", w.MemoryBytes, "weight", w.Weight, "priority", w.Priority,
+		"cgroup", a.cgroup)
+	start := time.Now()
+	err = l.Relay(proc.sock)
+	log.Info("remote: session ended", "after", time.Since(start).Round(time.Millisecond), "why", reason(err))
+}
+
+func reason(err error) string {
+	if err == nil {
+		return "the worker closed it"
+	}
+	return strings.TrimSpace(err.Error())
+}
