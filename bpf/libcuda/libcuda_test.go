@@ -155,6 +155,7 @@ func TestExportsDriver(t *testing.T) {
 	for path, want := range map[string]bool{
 		simtest.Bin(t, "simgpu/libcuda.so.1"):      true,
 		simtest.Bin(t, "libgpuwarden.so"):          false,
+		simtest.Bin(t, "remote/libcuda.so.1"):      false, // the remote client: no GPU behind it
 		simtest.Bin(t, "simgpu/libnvidia-ml.so.1"): false,
 		filepath.Join(t.TempDir(), "absent.so"):    false,
 	} {

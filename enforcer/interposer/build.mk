@@ -42,9 +42,10 @@ GWR_CLIENT := $(GWR_DIR)/client.c $(GWR_DIR)/cuda.c $(GWR_DIR)/nvml.c $(GWR_DIR)
 BUILD_TARGETS += $(BIN)/remote/libgpuwarden-remote.so $(BIN)/remote/libcuda.so.1 $(BIN)/remote/libnvidia-ml.so.1 \
 	$(BIN)/gpuwarden-worker
 
-$(BIN)/remote/libgpuwarden-remote.so: $(GWR_CLIENT) $(GWR_HDR)
+$(BIN)/remote/libgpuwarden-remote.so: $(GWR_CLIENT) $(GWR_HDR) $(GWR_DIR)/exports.map
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -Isimgpu/include -I$(GWR_DIR) -shared -Wl,-soname,libcuda.so.1 -Wl,-z,now -o $@ \
+	$(CC) $(CFLAGS) -Isimgpu/include -I$(GWR_DIR) -shared -Wl,-soname,libcuda.so.1 -Wl,-z,now \
+		-Wl,--version-script=$(GWR_DIR)/exports.map -o $@ \
 		$(GWR_CLIENT) -pthread
 
 $(BIN)/remote/libcuda.so.1 $(BIN)/remote/libnvidia-ml.so.1: $(BIN)/remote/libgpuwarden-remote.so
