@@ -139,9 +139,12 @@ func runCerts(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "usage:\n"+
 			"  gpuwarden certs ca --dir DIR\n"+
 			"  gpuwarden certs server --dir DIR --name NAME --hosts gpu-node-1,10.0.0.5\n"+
-			"  gpuwarden certs client --dir DIR --name NAME --namespace NS --pod POD --container C\n\n"+
+			"  gpuwarden certs client --dir DIR --name NAME --namespace NS --pod POD --container C\n"+
+			"  gpuwarden certs node --dir DIR --name NODE [--hosts NODE,10.0.0.5]\n\n"+
 			"Make the CA (DIR/ca.crt, DIR/ca.key) and certificates it signs (DIR/NAME.crt, DIR/NAME.key) for remote GPU\n"+
-			"sessions. A client certificate carries its identity as spiffe://gpuwarden/ns/NS/pod/POD/container/C.\n\nflags:")
+			"sessions. A client certificate carries its identity as spiffe://gpuwarden/ns/NS/pod/POD/container/C; a\n"+
+			"node's, spiffe://gpuwarden/node/NODE: its agent relays its pods' sessions and names their pods (with --hosts\n"+
+			"it also serves sessions).\n\nflags:")
 		fs.PrintDefaults()
 	}
 	dir := fs.String("dir", ".", "where the CA is, and where the files are written")
@@ -172,11 +175,13 @@ func runCerts(args []string, stdout, stderr io.Writer) int {
 		err = pki.CreateCA(*dir, "gpuwarden remote CA", *validity)
 	case "server":
 		err = pki.Issue(*dir, *out, pki.Request{Name: *name, Hosts: splitComma(*hosts), Validity: *validity})
+	case "node":
+		err = pki.Issue(*dir, *out, pki.Request{Name: *name, Node: *name, Hosts: splitComma(*hosts), Validity: *validity})
 	case "client":
 		err = pki.Issue(*dir, *out, pki.Request{Name: *name, Validity: *validity,
 			Client: &pki.Identity{Namespace: *ns, Pod: *pod, Container: *container}})
 	default:
-		fmt.Fprintf(stderr, "gpuwarden certs: unknown kind %q: want ca, server or client\n", fs.Arg(0))
+		fmt.Fprintf(stderr, "gpuwarden certs: unknown kind %q: want ca, server, client or node\n", fs.Arg(0))
 		return 2
 	}
 	if err != nil {

@@ -81,26 +81,69 @@ func ParseURI(u *url.URL) (Identity, error) {
 	return id, nil
 }
 
-// IdentityOf is the identity of a verified client certificate: its one
-// gpuwarden URI SAN. A certificate with none, or more than one, names no
-// one.
-func IdentityOf(cert *x509.Certificate) (Identity, error) {
-	var found []Identity
+// NodeURI is a node certificate's URI SAN, spiffe://gpuwarden/node/<name>:
+// a node's agent relays its pods' sessions and may name the pod of each.
+func NodeURI(node string) (*url.URL, error) {
+	if err := checkName(node); err != nil {
+		return nil, fmt.Errorf("node %q: %w", node, err)
+	}
+	return &url.URL{Scheme: uriScheme, Host: uriHost, Path: "/node/" + node}, nil
+}
+
+// Peer is who a verified client certificate speaks for: a workload (its
+// Identity) or a node (Node, its name), never both.
+type Peer struct {
+	Identity Identity
+	Node     string
+}
+
+// String is the workload's namespace/pod/container, or node/NAME.
+func (p Peer) String() string {
+	if p.Node != "" {
+		return "node/" + p.Node
+	}
+	return p.Identity.String()
+}
+
+// PeerOf reads a verified client certificate's one gpuwarden URI SAN. A
+// certificate with none, or more than one, names no one.
+func PeerOf(cert *x509.Certificate) (Peer, error) {
+	var found []Peer
 	for _, u := range cert.URIs {
 		if u.Scheme != uriScheme || u.Host != uriHost {
 			continue
 		}
+		if node, ok := strings.CutPrefix(u.Path, "/node/"); ok && u.User == nil && u.RawQuery == "" && u.Fragment == "" && u.Opaque == "" {
+			if err := checkName(node); err != nil {
+				return Peer{}, fmt.Errorf("URI %q: node %w", u, err)
+			}
+			found = append(found, Peer{Node: node})
+			continue
+		}
 		id, err := ParseURI(u)
 		if err != nil {
-			return Identity{}, err
+			return Peer{}, err
 		}
-		found = append(found, id)
+		found = append(found, Peer{Identity: id})
 	}
 	switch len(found) {
 	case 0:
-		return Identity{}, fmt.Errorf("certificate %q has no %s://%s/... URI", cert.Subject.CommonName, uriScheme, uriHost)
+		return Peer{}, fmt.Errorf("certificate %q has no %s://%s/... URI", cert.Subject.CommonName, uriScheme, uriHost)
 	case 1:
 		return found[0], nil
 	}
-	return Identity{}, fmt.Errorf("certificate %q has %d gpuwarden URIs, want one", cert.Subject.CommonName, len(found))
+	return Peer{}, fmt.Errorf("certificate %q has %d gpuwarden URIs, want one", cert.Subject.CommonName, len(found))
+}
+
+// IdentityOf is the workload identity of a verified client certificate; a
+// node's certificate names no workload.
+func IdentityOf(cert *x509.Certificate) (Identity, error) {
+	p, err := PeerOf(cert)
+	if err != nil {
+		return Identity{}, err
+	}
+	if p.Node != "" {
+		return Identity{}, fmt.Errorf("certificate %q is node %s's, not a workload's", cert.Subject.CommonName, p.Node)
+	}
+	return p.Identity, nil
 }

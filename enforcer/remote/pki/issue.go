@@ -26,9 +26,13 @@ const (
 
 // Request is one certificate to issue.
 type Request struct {
-	Name     string        // the subject's common name, and the files' base name
-	Hosts    []string      // a server's DNS names and addresses
-	Client   *Identity     // a client's identity (its URI SAN)
+	Name   string    // the subject's common name, and the files' base name
+	Hosts  []string  // a server's DNS names and addresses
+	Client *Identity // a client's identity (its URI SAN)
+	// Node makes a node's certificate (URI spiffe://gpuwarden/node/NODE),
+	// good as a client (its agent relays its pods' sessions) and, with
+	// Hosts, as a server.
+	Node     string
 	Validity time.Duration // from now
 }
 
@@ -54,10 +58,13 @@ func CreateCA(dir, name string, validity time.Duration) error {
 
 // Issue signs a certificate with the CA in caDir and writes <name>.crt and
 // <name>.key (0600) to dir. A request has hosts (a server) or a client
-// identity, not both.
+// identity, not both; a node's has a node name and may have hosts.
 func Issue(caDir, dir string, r Request) error {
-	if (len(r.Hosts) == 0) == (r.Client == nil) {
-		return errors.New("a certificate is for a server (hosts) or a client (identity)")
+	switch {
+	case r.Node != "" && r.Client != nil:
+		return errors.New("a certificate is a node's or a workload's, not both")
+	case r.Node == "" && (len(r.Hosts) == 0) == (r.Client == nil):
+		return errors.New("a certificate is for a server (hosts), a client (identity) or a node (name)")
 	}
 	if r.Name == "" || filepath.Base(r.Name) != r.Name || r.Name[0] == '.' {
 		return fmt.Errorf("name %q: want a plain file name", r.Name)
@@ -75,6 +82,14 @@ func Issue(caDir, dir string, r Request) error {
 		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(r.Validity),
 		KeyUsage: x509.KeyUsageDigitalSignature,
 	}
+	if r.Node != "" {
+		u, err := NodeURI(r.Node)
+		if err != nil {
+			return err
+		}
+		tmpl.URIs = append(tmpl.URIs, u)
+		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	}
 	if r.Client != nil {
 		u, err := r.Client.URI()
 		if err != nil {
@@ -82,7 +97,7 @@ func Issue(caDir, dir string, r Request) error {
 		}
 		tmpl.URIs = append(tmpl.URIs, u)
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
-	} else {
+	} else if len(r.Hosts) > 0 {
 		for _, h := range r.Hosts {
 			if ip := net.ParseIP(h); ip != nil {
 				tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
@@ -90,7 +105,7 @@ func Issue(caDir, dir string, r Request) error {
 				tmpl.DNSNames = append(tmpl.DNSNames, h)
 			}
 		}
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+		tmpl.ExtKeyUsage = append(tmpl.ExtKeyUsage, x509.ExtKeyUsageServerAuth)
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca, &key.PublicKey, caKey)
 	if err != nil {

@@ -118,8 +118,8 @@ func handshake(t *testing.T, server *tls.Config, client *tls.Config) (Identity, 
 			got <- res{err: err}
 			return
 		}
-		id, err := PeerIdentity(tc.ConnectionState())
-		got <- res{id, err}
+		p, err := PeerIdentity(tc.ConnectionState())
+		got <- res{p.Identity, err}
 	}()
 	c, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", lis.Addr().String(), client)
 	var cerr error
@@ -218,5 +218,39 @@ func TestIssueRefusesOverwriteAndBadRequests(t *testing.T) {
 	}
 	if id, err := IdentityOf(cert); err != nil || id != (Identity{"a", "b", "c"}) {
 		t.Errorf("identity %+v %v", id, err)
+	}
+}
+
+// TestNodeCertificate: a node's certificate names the node (no workload),
+// serves as a client and, with hosts, as a server; a node name is checked.
+func TestNodeCertificate(t *testing.T) {
+	dir := t.TempDir()
+	if err := CreateCA(dir, "test", time.Hour); err != nil {
+		t.Fatal(err)
+	}
+	if err := Issue(dir, dir, Request{Name: "node-a", Node: "node-a", Hosts: []string{"10.0.0.7"}, Validity: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	b, _ := os.ReadFile(filepath.Join(dir, "node-a.crt"))
+	blk, _ := pem.Decode(b)
+	cert, err := x509.ParseCertificate(blk.Bytes)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := PeerOf(cert)
+	if err != nil || p.Node != "node-a" || p.Identity != (Identity{}) || p.String() != "node/node-a" {
+		t.Fatalf("peer %+v %v", p, err)
+	}
+	if _, err := IdentityOf(cert); err == nil {
+		t.Fatal("a node's certificate read as a workload's identity")
+	}
+	if len(cert.ExtKeyUsage) != 2 || len(cert.IPAddresses) != 1 {
+		t.Fatalf("usages %v, addresses %v: want client and server, 10.0.0.7", cert.ExtKeyUsage, cert.IPAddresses)
+	}
+	for _, bad := range []Request{{Name: "x", Node: "Node_A", Validity: time.Hour},
+		{Name: "y", Node: "n", Client: &Identity{"a", "b", "c"}, Validity: time.Hour}} {
+		if err := Issue(dir, dir, bad); err == nil {
+			t.Errorf("issued %+v", bad)
+		}
 	}
 }

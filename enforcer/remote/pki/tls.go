@@ -55,11 +55,11 @@ func ClientConfig(f Files, serverName string) (*tls.Config, error) {
 		RootCAs: pool, ServerName: serverName}, nil
 }
 
-// PeerIdentity is the identity of a handshaken server-side connection's
-// client: its verified certificate's URI.
-func PeerIdentity(st tls.ConnectionState) (Identity, error) {
+// PeerIdentity is who a handshaken server-side connection's client is:
+// its verified certificate's URI.
+func PeerIdentity(st tls.ConnectionState) (Peer, error) {
 	if len(st.VerifiedChains) == 0 || len(st.VerifiedChains[0]) == 0 {
-		return Identity{}, errors.New("no verified client certificate")
+		return Peer{}, errors.New("no verified client certificate")
 	}
-	return IdentityOf(st.VerifiedChains[0][0])
+	return PeerOf(st.VerifiedChains[0][0])
 }

@@ -57,6 +57,7 @@ type Server struct {
 // active is one running session.
 type active struct {
 	id       pki.Identity
+	node     string // the node whose relay opened it; "" for a workload's own certificate
 	uuid     string
 	granted  uint64
 	cgroup   string // path in the cgroup tree
@@ -156,12 +157,12 @@ func (s *Server) handle(c *tls.Conn) {
 		log.Warn("remote: TLS handshake refused", "err", err)
 		return
 	}
-	id, err := pki.PeerIdentity(c.ConnectionState())
+	peer, err := pki.PeerIdentity(c.ConnectionState())
 	if err != nil {
-		log.Warn("remote: client certificate names no container", "err", err)
+		log.Warn("remote: client certificate names no container or node", "err", err)
 		return
 	}
-	log = log.With("client", id.String())
+	log = log.With("client", peer.String())
 	l := link.New(c, s.cfg.Timeout)
 	t, p, err := l.Recv()
 	if err != nil {
@@ -177,10 +178,43 @@ func (s *Server) handle(c *tls.Conn) {
 			s.answer(l, link.Welcome, session.Welcome{Error: err.Error()})
 			return
 		}
-		s.session(l, id, req, log)
+		id, err := Identify(peer, req.For)
+		if err != nil {
+			log.Warn("remote: session refused", "err", err)
+			s.answer(l, link.Welcome, session.Welcome{Error: err.Error()})
+			return
+		}
+		if peer.Node != "" {
+			log = log.With("client", id.String(), "node", peer.Node)
+		}
+		s.session(l, id, peer.Node, req, log)
 	default:
 		log.Warn("remote: unexpected first frame", "type", t.String())
 	}
+}
+
+// Identify is the identity a session runs as. A node's certificate (its
+// agent relays its pods) names the pod in the request; a workload's
+// certificate is its identity, and a request naming another pod is
+// refused, never believed.
+func Identify(peer pki.Peer, asserted *session.Workload) (pki.Identity, error) {
+	if peer.Node != "" {
+		if asserted == nil {
+			return pki.Identity{}, fmt.Errorf("node %s opens sessions only for a pod it names", peer.Node)
+		}
+		id := pki.Identity{Namespace: asserted.Namespace, Pod: asserted.Pod, Container: asserted.Container}
+		if err := id.Validate(); err != nil {
+			return pki.Identity{}, fmt.Errorf("the pod node %s names: %w", peer.Node, err)
+		}
+		return id, nil
+	}
+	if asserted != nil {
+		if a := (pki.Identity{Namespace: asserted.Namespace, Pod: asserted.Pod, Container: asserted.Container}); a != peer.Identity {
+			return pki.Identity{}, fmt.Errorf("certificate of %s cannot open a session for %s: only a node's certificate names other pods",
+				peer.Identity, a)
+		}
+	}
+	return peer.Identity, nil
 }
 
 func (s *Server) answer(l *link.Conn, t link.Type, v any) {
@@ -230,7 +264,7 @@ func (s *Server) list() session.GPUList {
 
 // session places the request, starts its worker, answers, and relays
 // until the client or the worker goes.
-func (s *Server) session(l *link.Conn, id pki.Identity, req session.Request, log *slog.Logger) {
+func (s *Server) session(l *link.Conn, id pki.Identity, node string, req session.Request, log *slog.Logger) {
 	refuse := func(err error) {
 		log.Info("remote: session refused", "err", err)
 		s.answer(l, link.Welcome, session.Welcome{Error: err.Error()})
@@ -263,7 +297,7 @@ func (s *Server) session(l *link.Conn, id pki.Identity, req session.Request, log
 	}
 	s.next++
 	name := fmt.Sprintf("s-%x", s.next)
-	a := &active{id: id, uuid: placed.Device.UUID, granted: placed.MemoryBytes,
+	a := &active{id: id, node: node, uuid: placed.Device.UUID, granted: placed.MemoryBytes,
 		cgroup: s.cfg.Worker.cgroupPath(name), sessName: name}
 	s.sessions[a.cgroup] = a
 	s.mu.Unlock()

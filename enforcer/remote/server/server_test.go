@@ -218,3 +218,67 @@ func TestStuckWorkerIsKilled(t *testing.T) {
 		t.Errorf("the stuck worker went after %v, want about %v", d, stopGrace)
 	}
 }
+
+// TestIdentify: a node's certificate names the pod of its session; a
+// workload's certificate is its own identity and cannot assert another's.
+func TestIdentify(t *testing.T) {
+	pod := &session.Workload{Namespace: "ml", Pod: "train-0", Container: "main"}
+	self := pki.Identity{Namespace: "ml", Pod: "train-0", Container: "main"}
+	other := pki.Identity{Namespace: "ml", Pod: "evil", Container: "main"}
+	for _, c := range []struct {
+		peer    pki.Peer
+		claim   *session.Workload
+		want    pki.Identity
+		wantErr string
+	}{
+		{pki.Peer{Node: "node-a"}, pod, self, ""},
+		{pki.Peer{Node: "node-a"}, nil, pki.Identity{}, "only for a pod it names"},
+		{pki.Peer{Node: "node-a"}, &session.Workload{Namespace: "ML", Pod: "x", Container: "y"}, pki.Identity{}, "namespace"},
+		{pki.Peer{Identity: self}, nil, self, ""},
+		{pki.Peer{Identity: self}, pod, self, ""},
+		{pki.Peer{Identity: other}, pod, pki.Identity{}, "cannot open a session for ml/train-0/main"},
+	} {
+		got, err := Identify(c.peer, c.claim)
+		if c.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+				t.Errorf("%v claiming %+v: %v, want %q", c.peer, c.claim, err, c.wantErr)
+			}
+			continue
+		}
+		if err != nil || got != c.want {
+			t.Errorf("%v claiming %+v: %v %v, want %v", c.peer, c.claim, got, err, c.want)
+		}
+	}
+}
+
+// TestNodeSessionLabelled: over real TLS, a node's certificate opens a
+// session labelled with the pod it names; a workload's certificate naming
+// another pod is refused.
+func TestNodeSessionLabelled(t *testing.T) {
+	id := pki.Identity{Namespace: "team-a", Pod: "train-0", Container: "main"}
+	creds := credentials(t, id)
+	if err := pki.Issue(creds, creds, pki.Request{Name: "node", Node: "node-a", Validity: time.Hour}); err != nil {
+		t.Fatal(err)
+	}
+	s, _, _ := testServer(t, creds)
+	nd, err := client.NewDialer(s.Addr(), files(creds, "node"), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pod := &session.Workload{Namespace: "team-b", Pod: "infer-1", Container: "srv"}
+	conn, wel, err := nd.Open(context.Background(), session.Request{Memory: "1Gi", For: pod})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if got, ok := s.Label(s.cfg.Worker.cgroupPath(wel.Session)); !ok || got != (pki.Identity{Namespace: "team-b", Pod: "infer-1", Container: "srv"}) {
+		t.Fatalf("session labelled %v %v", got, ok)
+	}
+	if _, _, err := nd.Open(context.Background(), session.Request{Memory: "1Gi"}); err == nil || !strings.Contains(err.Error(), "names") {
+		t.Fatalf("a node's session for no pod: %v", err)
+	}
+	if _, _, err := dialer(t, s, creds).Open(context.Background(), session.Request{Memory: "1Gi", For: pod}); err == nil ||
+		!strings.Contains(err.Error(), "cannot open a session for team-b/infer-1/srv") {
+		t.Fatalf("a workload asserting another pod: %v", err)
+	}
+}

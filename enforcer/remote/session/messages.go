@@ -29,6 +29,17 @@ type Request struct {
 	Weight   int    `json:"weight,omitempty"`   // 1-1000; 0: 1
 	Priority string `json:"priority,omitempty"` // high or normal; "": normal
 	GPU      string `json:"gpu,omitempty"`      // a GPU's UUID; "": the server picks
+	// For is the pod a node's relay opens the session for. The server
+	// believes it only from a node's certificate; a workload's
+	// certificate names itself, and may only repeat that name here.
+	For *Workload `json:"for,omitempty"`
+}
+
+// Workload names one container of a pod.
+type Workload struct {
+	Namespace string `json:"namespace"`
+	Pod       string `json:"pod"`
+	Container string `json:"container"`
 }
 
 // Welcome is the server's answer to a request: the granted slice, or why
