@@ -31,10 +31,11 @@ type Grant struct {
 	Count int // devices of Kind allocated
 	// MemoryLimitBytes is the container's quota on the GPU: Count GiB for
 	// ResourceMemory; Count x (the GPU's memory / maxInst), in whole MiB,
-	// for ResourceGPU.
+	// for ResourceGPU and ResourceRemote.
 	MemoryLimitBytes uint64
-	// Weight is the compute weight: Count for slots (k slots are k shares of
-	// the GPU's time), 0 (not set, the interposer's default 1) for memory.
+	// Weight is the compute weight: Count for slots, local or remote (k
+	// slots are k shares of the GPU's time), 0 (not set, the interposer's
+	// default 1) for memory.
 	Weight uint32
 	// Dir is the control directory's name under the control dir: DirName(ids).
 	Dir string

@@ -20,6 +20,9 @@ const (
 	ResourceGPU = "gpuwarden.io/gpu"
 	// ResourceMemory is one GiB of one GPU's memory.
 	ResourceMemory = "gpuwarden.io/gpu-memory"
+	// ResourceRemote is a slot on one GPU of a remote GPU server, for a
+	// node without GPUs: each server GPU has MaxInst of them.
+	ResourceRemote = "gpuwarden.io/remote-gpu"
 )
 
 // Kind says which resource a device id is of.
@@ -28,19 +31,26 @@ type Kind int
 const (
 	Slot   Kind = iota // a device of ResourceGPU
 	Memory             // a device of ResourceMemory
+	Remote             // a device of ResourceRemote
 )
 
 // Resource is the extended resource name of a kind.
 func (k Kind) Resource() string {
-	if k == Memory {
+	switch k {
+	case Memory:
 		return ResourceMemory
+	case Remote:
+		return ResourceRemote
 	}
 	return ResourceGPU
 }
 
 func (k Kind) String() string {
-	if k == Memory {
+	switch k {
+	case Memory:
 		return "mem"
+	case Remote:
+		return "remote"
 	}
 	return "slot"
 }
@@ -56,7 +66,8 @@ type GPU struct {
 	MaxInst     int // its slots: the enforcer's max_inst (policy.CheckMaxInst)
 }
 
-// ID is a parsed device id: "<uuid>::slot-<n>" or "<uuid>::mem-<n>".
+// ID is a parsed device id: "<uuid>::slot-<n>", "<uuid>::mem-<n>" or
+// "<uuid>::remote-<n>" (the UUID of a remote server's GPU).
 type ID struct {
 	UUID string
 	Kind Kind
@@ -84,12 +95,14 @@ func ParseID(s string) (ID, error) {
 		return ID{uuid, Slot, n}, nil
 	case "mem":
 		return ID{uuid, Memory, n}, nil
+	case "remote":
+		return ID{uuid, Remote, n}, nil
 	}
 	return ID{}, fmt.Errorf("device id %q: unknown kind %q", s, kind)
 }
 
-// Count is how many devices of a kind one GPU has: MaxInst slots, or one
-// per whole GiB of its memory.
+// Count is how many devices of a kind one GPU has: MaxInst slots (local or
+// remote), or one per whole GiB of its memory.
 func Count(g GPU, k Kind) int {
 	if k == Memory {
 		return int(g.MemoryBytes / GiB)

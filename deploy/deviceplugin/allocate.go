@@ -1,6 +1,7 @@
 package deviceplugin
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -20,6 +21,9 @@ func (p *Plugin) allocate(kind allocation.Kind, ids []string) (*pluginapi.Contai
 	}
 	if g.Kind != kind {
 		return nil, fmt.Errorf("devices of %s asked of %s", g.Kind.Resource(), kind.Resource())
+	}
+	if kind == allocation.Remote {
+		return p.allocateRemote(g)
 	}
 	if _, err := os.Stat(p.cfg.InterposerPath); err != nil {
 		return nil, fmt.Errorf("interposer: %w", err)
@@ -52,6 +56,42 @@ func (p *Plugin) allocate(kind allocation.Kind, ids []string) (*pluginapi.Contai
 	p.log.Info("allocated", "resource", kind.Resource(), "gpu", g.GPU.UUID, "count", g.Count,
 		"memoryLimit", g.MemoryLimitBytes, "dir", g.Dir)
 	return resp, nil
+}
+
+// allocateRemote writes a remote grant in the allocation's control
+// directory, has the relay serve its socket there, and mounts the socket's
+// directory and the client library into the container.
+func (p *Plugin) allocateRemote(g allocation.Grant) (*pluginapi.ContainerAllocateResponse, error) {
+	server, ok := p.cfg.Remote.Server(g.GPU.UUID)
+	if !ok {
+		return nil, fmt.Errorf("GPU %s: no server answers for it", g.GPU.UUID)
+	}
+	if _, err := os.Stat(filepath.Join(p.cfg.Remote.LibDir, "libcuda.so.1")); err != nil {
+		return nil, fmt.Errorf("remote client library: %w", err)
+	}
+	b, _ := json.Marshal(allocation.RemoteGrant{Server: server, GPU: g.GPU.UUID, MemoryBytes: g.MemoryLimitBytes, Weight: g.Weight})
+	dir := filepath.Join(p.cfg.ControlDir, g.Dir)
+	p.dirs.Lock()
+	err := os.MkdirAll(filepath.Join(dir, allocation.RelayDir), 0o755)
+	if err == nil {
+		err = replaceFile(filepath.Join(dir, allocation.RemoteGrantFile), b, 0o644)
+	}
+	p.dirs.Unlock()
+	if err != nil {
+		return nil, fmt.Errorf("remote grant: %w", err)
+	}
+	if err := p.cfg.Remote.Relay(g.Dir); err != nil {
+		return nil, fmt.Errorf("relay: %w", err)
+	}
+	p.log.Info("allocated", "resource", allocation.ResourceRemote, "server", server, "gpu", g.GPU.UUID, "count", g.Count,
+		"memoryLimit", g.MemoryLimitBytes, "dir", g.Dir)
+	return &pluginapi.ContainerAllocateResponse{
+		Envs: allocation.RemoteEnv(),
+		Mounts: []*pluginapi.Mount{
+			{ContainerPath: allocation.ContainerRemoteDir, HostPath: filepath.Join(dir, allocation.RelayDir), ReadOnly: true},
+			{ContainerPath: allocation.ContainerRemoteLib, HostPath: p.cfg.Remote.LibDir, ReadOnly: true},
+		},
+	}, nil
 }
 
 // writeControlBlock makes <controlDir>/<grant dir>/ with a new limits file

@@ -38,6 +38,20 @@ type Config struct {
 	Preload        string        // PreloadEnv or PreloadLdSoPreload
 	HealthInterval time.Duration // how often the device list is read again
 	WatchInterval  time.Duration // how often the sockets are checked; 0: 1s
+	// Remote, when set, makes the plugin serve gpuwarden.io/remote-gpu
+	// alone, on a node without GPUs: devices reads the remote servers'
+	// GPUs (remotepool.Pool.Devices), each with MaxInst slots.
+	Remote *RemoteConfig
+}
+
+// RemoteConfig is what a remote allocation needs besides the grant.
+type RemoteConfig struct {
+	LibDir string // the remote client library's directory on the host (bin/remote)
+	// Server names the server that holds a GPU (by UUID).
+	Server func(uuid string) (string, bool)
+	// Relay serves an allocation's relay socket (in its control directory,
+	// allocation.RelayDir) before its container starts.
+	Relay func(dir string) error
 }
 
 // Validate checks a config; it changes nothing.
@@ -54,6 +68,9 @@ func (c Config) Validate() error {
 	}
 	if c.Preload != PreloadEnv && c.Preload != PreloadLdSoPreload {
 		errs = append(errs, fmt.Errorf("devicePlugin.preload %q: want env or ld.so.preload", c.Preload))
+	}
+	if c.Remote != nil && (!filepath.IsAbs(c.Remote.LibDir) || c.Remote.Server == nil || c.Remote.Relay == nil) {
+		errs = append(errs, fmt.Errorf("remote library directory %q: want an absolute path, with a server lookup and a relay", c.Remote.LibDir))
 	}
 	if c.HealthInterval <= 0 {
 		errs = append(errs, fmt.Errorf("devicePlugin.healthInterval %v: want a positive duration", c.HealthInterval))
@@ -107,6 +124,9 @@ func New(cfg Config, devices func() ([]nvmldev.Device, error), log *slog.Logger)
 func (p *Plugin) Run(ctx context.Context) error {
 	p.refresh()
 	servers := []*server{newServer(p, allocation.Slot), newServer(p, allocation.Memory)}
+	if p.cfg.Remote != nil {
+		servers = []*server{newServer(p, allocation.Remote)}
+	}
 	defer func() {
 		for _, s := range servers {
 			s.stop()

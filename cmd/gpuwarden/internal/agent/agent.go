@@ -115,7 +115,7 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 		}
 	}
 	if cfg.DevicePlugin.Enabled {
-		a.startDevicePlugin(ctx)
+		a.startDevicePlugin(ctx, pods)
 	}
 	if cfg.Enforcement.Enabled && resolver != nil {
 		a.enf.Store(a.startEnforcement(resolver, verifier, cgroupFS, pods))

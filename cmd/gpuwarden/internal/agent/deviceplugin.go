@@ -10,8 +10,13 @@ import (
 )
 
 // startDevicePlugin serves the kubelet's device-plugin API: GPU shares as
-// extended resources, and what enforcement needs in each container.
-func (a *Agent) startDevicePlugin(ctx context.Context) {
+// extended resources, and what enforcement needs in each container; with
+// remote servers configured, their GPUs' slots instead.
+func (a *Agent) startDevicePlugin(ctx context.Context, pods *podAnnotations) {
+	if len(a.cfg.Remote.Servers) > 0 {
+		a.startRemoteDevicePlugin(ctx, pods)
+		return
+	}
 	if a.nvml == nil {
 		err := errors.New("needs NVML for the device list")
 		a.parts.set("devicePlugin", true, err)
@@ -24,6 +29,11 @@ func (a *Agent) startDevicePlugin(ctx context.Context) {
 		InterposerPath: c.InterposerPath, DeviceRoot: c.DeviceRoot, Preload: c.Preload,
 		HealthInterval: c.HealthInterval,
 	}, a.nvml.Devices, a.log.With("part", "devicePlugin"))
+	a.runDevicePlugin(ctx, dp, err)
+}
+
+// runDevicePlugin runs a plugin New made (or reports why there is none).
+func (a *Agent) runDevicePlugin(ctx context.Context, dp *deviceplugin.Plugin, err error) {
 	a.parts.set("devicePlugin", true, err)
 	if err != nil {
 		a.log.Error("device plugin not started", "err", err)

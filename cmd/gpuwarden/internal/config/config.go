@@ -19,6 +19,7 @@ import (
 
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 	"github.com/gpuwarden/gpuwarden/enforcer/policy"
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/client"
 )
 
 // Config is the agent's whole configuration.
@@ -78,6 +79,8 @@ type Config struct {
 		Interposer   string        `mapstructure:"interposer"`
 		Timeout      time.Duration `mapstructure:"timeout"`
 		CgroupParent string        `mapstructure:"cgroupParent"`
+		Servers      []string      `mapstructure:"servers"`
+		LibraryDir   string        `mapstructure:"libraryDir"`
 	} `mapstructure:"remote"`
 	Paths struct {
 		Proc   string `mapstructure:"proc"`
@@ -141,6 +144,8 @@ var options = []option{
 	{"remote.interposer", "", "", "libgpuwarden.so, preloaded into every session's worker; empty: the one beside the gpuwarden binary"},
 	{"remote.timeout", 5 * time.Second, "", "how long a remote link may stay silent (both ends send heartbeats) before it counts as dead: the client's calls then fail and the server ends the session (100ms-10m)"},
 	{"remote.cgroupParent", "gpuwarden-remote", "", "the cgroup, under the cgroup v2 tree's root, in which each session gets a cgroup of its own"},
+	{"remote.servers", []string{}, "", "GPU nodes (HOST[:PORT]) whose agents serve remote sessions to this node's pods: on a node without GPUs the device plugin (devicePlugin.enabled) then advertises gpuwarden.io/remote-gpu, maxInst slots per server GPU, healthy while its server answers, and the agent relays each allocated container's sessions with this node's certificate (remote.cert: `gpuwarden certs node`)"},
+	{"remote.libraryDir", "/usr/local/gpuwarden/remote", "", "the remote client library's directory on the host (libcuda.so.1, libnvidia-ml.so.1), mounted read-only into containers allocated gpuwarden.io/remote-gpu"},
 	{"paths.proc", "/proc", "", "the proc filesystem (the host's, under hostPID)"},
 	{"paths.cgroup", "", "", "the host's cgroup directory as the agent sees it: the cgroup v2 mount at it or below it (a hybrid host's unified directory), read from the agent's mountinfo (paths.proc/self/mountinfo), is the tree; empty: the agent's own cgroup v2 mount"},
 	{"profiling.pyroscopeServer", "", "", "Pyroscope server address for continuous profiling of the agent; empty: off"},
@@ -392,10 +397,26 @@ func Reference() string {
 
 func (c Config) validateRemote() error {
 	r := c.Remote
-	if !r.Enabled {
-		return nil
-	}
 	var errs []error
+	if len(r.Servers) > 0 {
+		for _, s := range r.Servers {
+			if _, _, err := client.SplitServer(s); err != nil {
+				errs = append(errs, fmt.Errorf("remote.servers: %w", err))
+			}
+		}
+		if r.Cert == "" || r.Key == "" || r.CA == "" {
+			errs = append(errs, errors.New("remote.servers needs remote.cert, remote.key and remote.ca: the node's certificate"))
+		}
+		if !strings.HasPrefix(r.LibraryDir, "/") {
+			errs = append(errs, fmt.Errorf("remote.libraryDir %q: want an absolute path", r.LibraryDir))
+		}
+	}
+	if (r.Enabled || len(r.Servers) > 0) && (r.Timeout < 100*time.Millisecond || r.Timeout > 10*time.Minute) {
+		errs = append(errs, fmt.Errorf("remote.timeout %v: want 100ms-10m", r.Timeout))
+	}
+	if !r.Enabled {
+		return errors.Join(errs...)
+	}
 	if _, _, err := net.SplitHostPort(r.Listen); err != nil {
 		errs = append(errs, fmt.Errorf("remote.listen %q: %w", r.Listen, err))
 	}
@@ -408,9 +429,6 @@ func (c Config) validateRemote() error {
 		if p.v != "" && !strings.HasPrefix(p.v, "/") {
 			errs = append(errs, fmt.Errorf("%s %q: want an absolute path", p.key, p.v))
 		}
-	}
-	if r.Timeout < 100*time.Millisecond || r.Timeout > 10*time.Minute {
-		errs = append(errs, fmt.Errorf("remote.timeout %v: want 100ms-10m", r.Timeout))
 	}
 	if p := strings.Trim(r.CgroupParent, "/"); p == "" || strings.Contains("/"+p+"/", "/../") || strings.Contains("/"+p+"/", "/./") {
 		errs = append(errs, fmt.Errorf("remote.cgroupParent %q: want a cgroup below the root", r.CgroupParent))

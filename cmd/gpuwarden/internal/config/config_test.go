@@ -98,6 +98,9 @@ func TestRefusesBadConfig(t *testing.T) {
 		{"remote timeout 0", "", []string{"GPUWARDEN_REMOTE_ENABLED=true", "GPUWARDEN_REMOTE_TIMEOUT=0s"}, "remote.timeout 0s"},
 		{"remote relative worker", "remote:\n  enabled: true\n  worker: bin/w\n", nil, "remote.worker"},
 		{"remote cgroup parent above the root", "remote:\n  enabled: true\n  cgroupParent: a/../..\n", nil, "remote.cgroupParent"},
+		{"remote bad server", "", []string{"GPUWARDEN_REMOTE_SERVERS=gpu-1,host:http"}, "remote.servers"},
+		{"remote servers without a CA", "remote:\n  servers: [gpu-1]\n  ca: \"\"\n", nil, "remote.servers needs"},
+		{"remote relative library dir", "remote:\n  servers: [gpu-1]\n  libraryDir: lib\n", nil, "remote.libraryDir"},
 		{"remote root cgroup parent", "remote:\n  enabled: true\n  cgroupParent: /\n", nil, "remote.cgroupParent"},
 	}
 	for _, tt := range tests {
@@ -118,6 +121,8 @@ func TestEnvName(t *testing.T) {
 		"http.listen":                "GPUWARDEN_HTTP_LISTEN",
 		"remote.timeout":             "GPUWARDEN_REMOTE_TIMEOUT",
 		"remote.cgroupParent":        "GPUWARDEN_REMOTE_CGROUP_PARENT",
+		"remote.servers":             "GPUWARDEN_REMOTE_SERVERS",
+		"remote.libraryDir":          "GPUWARDEN_REMOTE_LIBRARY_DIR",
 	} {
 		if got := EnvName(key); got != want {
 			t.Errorf("EnvName(%q) = %q, want %q", key, got, want)
