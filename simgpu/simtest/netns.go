@@ -91,42 +91,51 @@ func Veth(t testing.TB, a, b *NetNS, addrA, addrB string) {
 // Dial connects from inside the namespace: on its own thread, moved into
 // the namespace and back; the socket stays in the namespace.
 func (n *NetNS) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
-	type res struct {
-		c   net.Conn
-		err error
-	}
-	ch := make(chan res, 1)
+	var c net.Conn
+	err := n.do(func() (err error) { c, err = (&net.Dialer{}).DialContext(ctx, network, addr); return err })
+	return c, err
+}
+
+// Listen listens inside the namespace, as Dial connects.
+func (n *NetNS) Listen(network, addr string) (net.Listener, error) {
+	var l net.Listener
+	err := n.do(func() (err error) { l, err = net.Listen(network, addr); return err })
+	return l, err
+}
+
+// do runs f on a thread of its own moved into the namespace and back.
+func (n *NetNS) do(f func() error) error {
+	ch := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
 		back, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			runtime.UnlockOSThread()
-			ch <- res{nil, err}
+			ch <- err
 			return
 		}
 		defer unix.Close(back)
 		fd, err := unix.Open(n.Path, unix.O_RDONLY|unix.O_CLOEXEC, 0)
 		if err != nil {
 			runtime.UnlockOSThread()
-			ch <- res{nil, err}
+			ch <- err
 			return
 		}
 		defer unix.Close(fd)
 		if err := unix.Setns(fd, unix.CLONE_NEWNET); err != nil {
 			runtime.UnlockOSThread()
-			ch <- res{nil, fmt.Errorf("setns: %w", err)}
+			ch <- fmt.Errorf("setns: %w", err)
 			return
 		}
-		c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+		err = f()
 		// Back to where the thread was; a thread that cannot go back stays
 		// locked, and ends with this goroutine.
 		if unix.Setns(back, unix.CLONE_NEWNET) == nil {
 			runtime.UnlockOSThread()
 		}
-		ch <- res{c, err}
+		ch <- err
 	}()
-	r := <-ch
-	return r.c, r.err
+	return <-ch
 }
 
 // HTTPClient is a client whose connections are made in the namespace.

@@ -4,6 +4,7 @@ package kubeapitest
 import (
 	"encoding/json"
 	"encoding/pem"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -25,12 +26,20 @@ type TestServer struct {
 	pods map[string][]kubeapi.Pod // by node
 }
 
-// StartTestServer serves until the test ends.
+// StartTestServer serves on loopback until the test ends.
 func StartTestServer(t testing.TB) *TestServer {
+	t.Helper()
+	return StartTestServerOn(t, nil)
+}
+
+// StartTestServerOn serves on lis (nil: a loopback port of the test's
+// network namespace; a listener made in another namespace serves there).
+// Its certificate is valid for 127.0.0.1.
+func StartTestServerOn(t testing.TB, lis net.Listener) *TestServer {
 	t.Helper()
 	s := &TestServer{pods: map[string][]kubeapi.Pod{}}
 	const token = "test-token"
-	srv := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("Authorization") != "Bearer "+token {
 			http.Error(w, `{"kind":"Status","code":401}`, http.StatusUnauthorized)
 			return
@@ -60,6 +69,11 @@ func StartTestServer(t testing.TB) *TestServer {
 		}
 		_ = json.NewEncoder(w).Encode(list)
 	}))
+	if lis != nil {
+		srv.Listener.Close()
+		srv.Listener = lis
+	}
+	srv.StartTLS()
 	t.Cleanup(srv.Close)
 	dir := t.TempDir()
 	s.URL, s.TokenFile, s.CAFile = srv.URL, filepath.Join(dir, "token"), filepath.Join(dir, "ca.crt")

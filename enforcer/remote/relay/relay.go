@@ -84,7 +84,7 @@ func (r *Relay) Listen(dir string) error {
 	if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove the old relay socket: %w", err)
 	}
-	lis, err := net.Listen("unix", sock)
+	lis, err := listenIn(filepath.Dir(sock), allocation.RelaySocket)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", sock, err)
 	}
@@ -96,6 +96,24 @@ func (r *Relay) Listen(dir string) error {
 	r.wg.Add(1)
 	go r.serve(dir, lis)
 	return nil
+}
+
+// listenIn listens on a unix socket named name in dir, however long dir's
+// path (a socket's address holds 107 bytes): it binds through the
+// directory's descriptor.
+func listenIn(dir, name string) (net.Listener, error) {
+	fd, err := unix.Open(dir, unix.O_PATH|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	defer unix.Close(fd)
+	lis, err := net.Listen("unix", fmt.Sprintf("/proc/self/fd/%d/%s", fd, name))
+	if err != nil {
+		return nil, err
+	}
+	// The address names a descriptor that is closed now: never unlink by it.
+	lis.(*net.UnixListener).SetUnlinkOnClose(false)
+	return lis, nil
 }
 
 // Restore serves the socket of every allocation with a remote grant in
