@@ -244,7 +244,7 @@ func TestDefaults(t *testing.T) {
 		}
 	}
 	want := map[string]string{
-		"/etc/gpuwarden": "configmap", "/sys/fs/bpf": "/sys/fs/bpf", "/sys/kernel/tracing": "/sys/kernel/tracing",
+		"/etc/gpuwarden/config.yaml": "configmap", "/sys/fs/bpf": "/sys/fs/bpf", "/sys/kernel/tracing": "/sys/kernel/tracing",
 		"/host/proc": "/proc", "/host/sys/fs/cgroup": "/sys/fs/cgroup", "/run/gpuwarden": "/run/gpuwarden",
 		"/var/lib/kubelet/device-plugins": "/var/lib/kubelet/device-plugins",
 		"/var/lib/kubelet/pod-resources":  "/var/lib/kubelet/pod-resources",
@@ -487,6 +487,9 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		{"service port too big", map[string]any{"service": map[string]any{"port": 70000}}, "port"},
 		{"bad toleration operator", map[string]any{"tolerations": []any{map[string]any{"operator": "Maybe"}}}, "operator"},
 		{"bad update strategy", map[string]any{"updateStrategy": map[string]any{"type": "Recreate"}}, "type"},
+		{"remote servers not a list", map[string]any{"config": map[string]any{"remote": map[string]any{"servers": "gpu-1"}}}, "servers"},
+		{"remote listen without port", map[string]any{"config": map[string]any{"remote": map[string]any{"listen": "7070"}}}, "listen"},
+		{"misspelt remote key", map[string]any{"remote": map[string]any{"secret": "x"}}, "secret"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -499,6 +502,123 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestRemoteServer: a GPU node serving remote sessions exposes the port
+// on the node, mounts the user's Secret where the config reads it, and
+// takes its own certificate by node name.
+func TestRemoteServer(t *testing.T) {
+	m, _, err := render(t, map[string]any{
+		"config": map[string]any{"remote": map[string]any{"enabled": true, "listen": ":7443"}},
+		"remote": map[string]any{"secretName": "gpuwarden-remote"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := decode(t, m)
+	spec := o.DaemonSets[0].Spec.Template.Spec
+	agent := spec.Containers[0]
+	var port *corev1.ContainerPort
+	for i, p := range agent.Ports {
+		if p.Name == "remote" {
+			port = &agent.Ports[i]
+		}
+	}
+	if port == nil || port.ContainerPort != 7443 || port.HostPort != 7443 || agent.Ports[0].Name != "metrics" {
+		t.Errorf("ports %+v: want metrics and remote 7443 on the node", agent.Ports)
+	}
+	secret := ""
+	for _, v := range spec.Volumes {
+		if v.Name == "remote-credentials" && v.Secret != nil {
+			secret = v.Secret.SecretName
+		}
+	}
+	mounted := false
+	for _, vm := range agent.VolumeMounts {
+		mounted = mounted || vm.Name == "remote-credentials" && vm.MountPath == "/etc/gpuwarden/remote" && vm.ReadOnly
+	}
+	if secret != "gpuwarden-remote" || !mounted {
+		t.Errorf("Secret %q mounted %v: want gpuwarden-remote at /etc/gpuwarden/remote", secret, mounted)
+	}
+	env := map[string]string{}
+	for _, e := range agent.Env {
+		env[e.Name] = e.Value
+	}
+	if env["GPUWARDEN_REMOTE_CERT"] != "/etc/gpuwarden/remote/$(NODE_NAME).crt" || env["GPUWARDEN_REMOTE_KEY"] != "/etc/gpuwarden/remote/$(NODE_NAME).key" {
+		t.Errorf("env %v: want the node's own certificate", env)
+	}
+	cfg := o.ConfigMaps[0].Data["config.yaml"]
+	if !strings.Contains(cfg, "listen: :7443") {
+		t.Errorf("config.yaml lacks the remote listener:\n%s", cfg)
+	}
+	checkConfig(t, cfg)
+
+	// Shared credentials: tls.crt and tls.key, no per-node variables; no hostPort.
+	m, _, err = render(t, map[string]any{
+		"config": map[string]any{"remote": map[string]any{"enabled": true}},
+		"remote": map[string]any{"secretName": "gpuwarden-remote", "perNodeCertificates": false, "hostPort": false},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agent = decode(t, m).DaemonSets[0].Spec.Template.Spec.Containers[0]
+	for _, e := range agent.Env {
+		if strings.HasPrefix(e.Name, "GPUWARDEN_REMOTE_") {
+			t.Errorf("env %s=%s without per-node certificates", e.Name, e.Value)
+		}
+	}
+	if len(agent.Ports) != 1 {
+		t.Errorf("ports %+v: want metrics alone", agent.Ports)
+	}
+}
+
+// TestRemoteClientNode: a release for nodes without GPUs installs the
+// client library on the host, mounts it at the path the device plugin
+// names, and reads the node's certificate; its config passes the agent's
+// own check.
+func TestRemoteClientNode(t *testing.T) {
+	m, _, err := render(t, map[string]any{
+		"nodeSelector": map[string]any{"nvidia.com/gpu.present": nil, "gpuwarden.io/remote-client": "true"},
+		"config": map[string]any{"remote": map[string]any{"servers": []any{"gpu-node-1", "gpu-node-2:7443"}},
+			"nvml": map[string]any{"enabled": false}, "ebpf": map[string]any{"enabled": false}},
+		"remote": map[string]any{"secretName": "gpuwarden-remote"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := decode(t, m)
+	spec := o.DaemonSets[0].Spec.Template.Spec
+	agent, init := spec.Containers[0], spec.InitContainers[0]
+	hostPaths := map[string]string{}
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil {
+			hostPaths[v.Name] = v.HostPath.Path
+		}
+	}
+	mounts := map[string]string{}
+	for _, vm := range agent.VolumeMounts {
+		mounts[vm.MountPath] = vm.Name
+	}
+	if hostPaths[mounts["/usr/local/gpuwarden/remote"]] != "/usr/local/gpuwarden/remote" || mounts["/etc/gpuwarden/remote"] != "remote-credentials" {
+		t.Errorf("mounts %v, host paths %v", mounts, hostPaths)
+	}
+	var installs bool
+	for _, vm := range init.VolumeMounts {
+		installs = installs || vm.MountPath == "/host-remote" && hostPaths[vm.Name] == "/usr/local/gpuwarden/remote"
+	}
+	if !installs || !strings.Contains(strings.Join(init.Args, " "), "REMOTE_SRC") {
+		t.Errorf("the init container does not install the client library: %+v %v", init.VolumeMounts, init.Args)
+	}
+	for _, p := range agent.Ports {
+		if p.HostPort != 0 {
+			t.Errorf("a client node exposes port %+v", p)
+		}
+	}
+	cfg := o.ConfigMaps[0].Data["config.yaml"]
+	if !strings.Contains(cfg, "- gpu-node-2:7443") {
+		t.Errorf("config.yaml lacks the servers:\n%s", cfg)
+	}
+	checkConfig(t, cfg)
 }
 
 // The chart reads the rules and dashboards through links into dashboards/,
