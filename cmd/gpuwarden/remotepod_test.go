@@ -15,7 +15,9 @@ import (
 	"github.com/gpuwarden/gpuwarden/collector/kubeapi/kubeapitest"
 	"github.com/gpuwarden/gpuwarden/collector/kubelet/kubelettest"
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/client"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/pki"
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
 
@@ -58,7 +60,7 @@ func startClientNode(t *testing.T, r *remoteRig) *clientNode {
 		"GPUWARDEN_REMOTE_CERT="+filepath.Join(r.creds, "node-c.crt"),
 		"GPUWARDEN_REMOTE_KEY="+filepath.Join(r.creds, "node-c.key"),
 		"GPUWARDEN_REMOTE_CA="+filepath.Join(r.creds, "ca.crt"),
-		"GPUWARDEN_REMOTE_TIMEOUT=2s",
+		"GPUWARDEN_REMOTE_TIMEOUT=2s", "GPUWARDEN_CONTROL_DIR_GRACE=2s",
 		"GPUWARDEN_REMOTE_LIBRARY_DIR="+filepath.Dir(simtest.Bin(t, "remote/libcuda.so.1")))
 	return n
 }
@@ -83,9 +85,10 @@ func healthy(n int, want string) func([]*pluginapi.Device) bool {
 // them runs simgpu's workload remotely through its node's relay, and the
 // server labels the session with the pod (asserted by the node's
 // certificate, proven by the pod's cgroup) and gives it the allocation's
-// memory; a process of another pod that reaches the socket is refused;
-// the devices go unhealthy while the server is down, healthy when it is
-// back.
+// memory; a process of another pod that reaches the socket is refused, and
+// so is a workload's certificate naming the pod; the devices go unhealthy
+// while the server is silent or down, healthy when it is back; the
+// allocation's directory goes with its pod.
 func TestRemotePod(t *testing.T) {
 	r := newRemoteRig(t, false)
 	n := startClientNode(t, r)
@@ -147,7 +150,7 @@ func TestRemotePod(t *testing.T) {
 		}
 		return nil
 	})
-	if l := r.agent.Log(); !strings.Contains(l, "node=node-c") || !strings.Contains(l, "client=ml/infer-0/main") {
+	if l := r.agent.Log(); !strings.Contains(l, "client=node/node-c pod=ml/infer-0/main") {
 		t.Errorf("the server's log does not name the session's node and pod:\n%s", l)
 	}
 
@@ -165,6 +168,25 @@ func TestRemotePod(t *testing.T) {
 	_ = p.Cmd.Process.Kill()
 	_, _ = p.Wait()
 
+	// A workload's certificate naming the pod is refused by the server:
+	// only a node's certificate names other pods.
+	d, err := client.NewDialer(serverAddr, pki.Files{Cert: filepath.Join(r.creds, "a.crt"), Key: filepath.Join(r.creds, "a.key"),
+		CA: filepath.Join(r.creds, "ca.crt")}, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = r.client.Do(func() error {
+		l, _, err := d.Open(context.Background(), session.Request{Memory: "1Gi",
+			For: &session.Workload{Namespace: "ml", Pod: "infer-0", Container: "main"}})
+		if err == nil {
+			l.Close()
+		}
+		return err
+	})
+	if err == nil || !strings.Contains(err.Error(), "cannot open a session for ml/infer-0/main") {
+		t.Errorf("team-a's certificate asserting ml/infer-0: %v, want the server's refusal", err)
+	}
+
 	// The server falls silent (the link is cut): its devices go unhealthy
 	// once a list request times out; the link is back: healthy.
 	r.server.Run(t, "ip", "link", "set", "gw0", "down")
@@ -181,4 +203,17 @@ func TestRemotePod(t *testing.T) {
 	t.Logf("unhealthy %v after the server stopped", time.Since(down))
 	r.restart(t)
 	n.kl.WaitDevices(t, allocation.ResourceRemote, healthy(4, pluginapi.Healthy))
+
+	// All along the kubelet listed the allocation, so its directory stayed;
+	// once the pod is gone, the directory and its socket go.
+	if _, err := os.Stat(sock); err != nil {
+		t.Fatalf("the listed allocation's socket: %v", err)
+	}
+	n.pr.SetPods()
+	simtest.Eventually(t, 15*time.Second, func() error {
+		if _, err := os.Stat(filepath.Dir(mounts[allocation.ContainerRemoteDir])); !os.IsNotExist(err) {
+			return fmt.Errorf("the gone pod's allocation directory: %v", err)
+		}
+		return nil
+	})
 }

@@ -9,7 +9,7 @@ import (
 // DefaultCollectGrace is how long a control directory nobody claims stays.
 const DefaultCollectGrace = 5 * time.Minute
 
-var dirNameRe = regexp.MustCompile(`^(slot|mem)-[A-Za-z0-9-]{0,64}-[0-9a-f]{16}$`)
+var dirNameRe = regexp.MustCompile(`^(slot|mem|remote)-[A-Za-z0-9-]{0,64}-[0-9a-f]{16}$`)
 
 // IsDirName says whether a control directory's name is one DirName makes:
 // an allocation's, whose holder the kubelet's pod-resources API names.

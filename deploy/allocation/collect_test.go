@@ -8,14 +8,15 @@ import (
 
 func TestIsDirName(t *testing.T) {
 	for name, want := range map[string]bool{
-		DirName([]string{"GPU-5f1c::mem-0"}):  true,
-		DirName([]string{"GPU-5f1c::slot-3"}): true,
-		"mem-GPU-5f1c-0123456789abcdef":       true,
-		"root":                                false,
-		"kubepods+pod1+abc":                   false,
-		"mem-GPU-5f1c-0123456789ABCDEF":       false,
-		"slot--0123456789abcdef0":             false,
-		"mem-GPU/x-0123456789abcdef":          false,
+		DirName([]string{"GPU-5f1c::mem-0"}):    true,
+		DirName([]string{"GPU-5f1c::slot-3"}):   true,
+		DirName([]string{"GPU-5f1c::remote-1"}): true,
+		"mem-GPU-5f1c-0123456789abcdef":         true,
+		"root":                                  false,
+		"kubepods+pod1+abc":                     false,
+		"mem-GPU-5f1c-0123456789ABCDEF":         false,
+		"slot--0123456789abcdef0":               false,
+		"mem-GPU/x-0123456789abcdef":            false,
 	} {
 		if got := IsDirName(name); got != want {
 			t.Errorf("IsDirName(%q) = %v, want %v", name, got, want)

@@ -20,9 +20,9 @@ import (
 )
 
 // controlFiles are the files a control directory may hold: the agent's
-// limits, the container's usage, the ld.so.preload Allocate writes. Nothing
-// else is removed.
-var controlFiles = []string{"limits", "usage", "ld.so.preload"}
+// limits, the container's usage, the ld.so.preload Allocate writes, a
+// remote allocation's grant. Nothing else is removed.
+var controlFiles = []string{"limits", "usage", "ld.so.preload", allocation.RemoteGrantFile}
 
 // Sweeper removes the control directories nobody holds any more: those of
 // allocations whose pods are gone and those the interposer made for
@@ -41,13 +41,18 @@ type Sweeper struct {
 	// seen changed, or made again after its removal, never half removed.
 	Lock      sync.Locker
 	Collector allocation.Collector
+	// Release, when set, is called for each directory before it is
+	// removed: the remote relay stops serving its socket and removes it.
+	Release func(name string) error
 }
 
 // ListedDirs is a Sweeper's Listed from the kubelet's pod-resources API:
 // the directory of every container's devices of our resources.
 func ListedDirs(pr *kubelet.PodResources) func(context.Context) (map[string]bool, error) {
 	return func(ctx context.Context) (map[string]bool, error) {
-		as, err := pr.List(ctx, func(r string) bool { return r == allocation.ResourceGPU || r == allocation.ResourceMemory })
+		as, err := pr.List(ctx, func(r string) bool {
+			return r == allocation.ResourceGPU || r == allocation.ResourceMemory || r == allocation.ResourceRemote
+		})
 		if err != nil {
 			return nil, err
 		}
@@ -108,6 +113,12 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) ([]string, error) {
 	})
 	var removed []string
 	for _, name := range dead {
+		if s.Release != nil {
+			if err := s.Release(name); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+		}
 		if err := controlblock.RemoveDir(s.ControlDir, name, controlFiles...); err != nil {
 			errs = append(errs, err)
 			continue

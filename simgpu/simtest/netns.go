@@ -92,19 +92,20 @@ func Veth(t testing.TB, a, b *NetNS, addrA, addrB string) {
 // the namespace and back; the socket stays in the namespace.
 func (n *NetNS) Dial(ctx context.Context, network, addr string) (net.Conn, error) {
 	var c net.Conn
-	err := n.do(func() (err error) { c, err = (&net.Dialer{}).DialContext(ctx, network, addr); return err })
+	err := n.Do(func() (err error) { c, err = (&net.Dialer{}).DialContext(ctx, network, addr); return err })
 	return c, err
 }
 
 // Listen listens inside the namespace, as Dial connects.
 func (n *NetNS) Listen(network, addr string) (net.Listener, error) {
 	var l net.Listener
-	err := n.do(func() (err error) { l, err = net.Listen(network, addr); return err })
+	err := n.Do(func() (err error) { l, err = net.Listen(network, addr); return err })
 	return l, err
 }
 
-// do runs f on a thread of its own moved into the namespace and back.
-func (n *NetNS) do(f func() error) error {
+// Do runs f on a thread of its own moved into the namespace and back:
+// the sockets f makes are the namespace's.
+func (n *NetNS) Do(f func() error) error {
 	ch := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()

@@ -132,6 +132,28 @@ func (r *Relay) Restore() error {
 	return errors.Join(errs...)
 }
 
+// Release stops serving allocation dir's socket and removes it and its
+// directory (the allocation is gone); sessions it relays run on until
+// their program goes.
+func (r *Relay) Release(dir string) error {
+	r.mu.Lock()
+	if l, ok := r.lis[dir]; ok {
+		l.Close()
+		delete(r.lis, dir)
+	}
+	r.mu.Unlock()
+	if filepath.Base(dir) != dir || dir == "" || dir[0] == '.' {
+		return fmt.Errorf("allocation directory %q: want one plain name", dir)
+	}
+	if err := os.Remove(r.Socket(dir)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove the relay socket: %w", err)
+	}
+	if err := os.Remove(filepath.Dir(r.Socket(dir))); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return fmt.Errorf("remove the relay directory: %w", err)
+	}
+	return nil
+}
+
 // Close stops serving and ends every relayed session.
 func (r *Relay) Close() error {
 	r.mu.Lock()

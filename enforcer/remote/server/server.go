@@ -185,7 +185,7 @@ func (s *Server) handle(c *tls.Conn) {
 			return
 		}
 		if peer.Node != "" {
-			log = log.With("client", id.String(), "node", peer.Node)
+			log = log.With("pod", id.String()) // the client is the node that relays it
 		}
 		s.session(l, id, peer.Node, req, log)
 	default:

@@ -28,6 +28,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/enforcer/membership"
 	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/relay"
 	"github.com/gpuwarden/gpuwarden/enforcer/settings"
 )
 
@@ -46,6 +47,7 @@ type Agent struct {
 	nvml     *nvmldev.Reader
 	plugin   *deviceplugin.Plugin  // nil unless the device plugin runs
 	pods     *kubelet.PodResources // nil off Kubernetes
+	relay    *relay.Relay          // nil unless remote GPUs are relayed for pods
 	observer *observe.Observer
 	coll     *collector.Collector
 	srv      *http.Server

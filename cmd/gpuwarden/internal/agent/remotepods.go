@@ -28,6 +28,7 @@ func (a *Agent) startRemoteDevicePlugin(ctx context.Context, pods *podAnnotation
 	rl := relay.New(relay.Config{ControlDir: a.cfg.ControlDir, ProcRoot: a.cfg.Paths.Proc, Dialer: pool.Dialer,
 		Identify: a.identifyRemotePod(pods), Log: a.log.With("part", "remoteRelay")})
 	a.closers = append(a.closers, rl.Close)
+	a.relay = rl
 	if err := rl.Restore(); err != nil {
 		a.log.Error("remote relay: earlier allocations not served again", "err", err)
 	}

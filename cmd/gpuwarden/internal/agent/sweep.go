@@ -24,6 +24,9 @@ func (a *Agent) startSweeping(resolver *cgroups.Resolver) {
 	if a.pods != nil {
 		s.Listed = deviceplugin.ListedDirs(a.pods)
 	}
+	if a.relay != nil {
+		s.Release = a.relay.Release
+	}
 	if resolver != nil {
 		s.CgroupKeys = func() (map[string]bool, error) {
 			keys := map[string]bool{}
