@@ -519,3 +519,53 @@ func TestDevicesFromNVML(t *testing.T) {
 		t.Errorf("last memory device %q: %v", mem[17].ID, err)
 	}
 }
+
+// TestRemoteResource: with remote servers the plugin registers
+// gpuwarden.io/remote-gpu alone, maxInst slots per server GPU; a GPU whose
+// server stops answering goes unhealthy and cannot be allocated; Allocate
+// writes the grant the relay reads, has the relay serve the allocation,
+// and gives the container the socket's directory, the library and the
+// environment, no device nodes.
+func TestRemoteResource(t *testing.T) {
+	libDir := t.TempDir()
+	os.WriteFile(filepath.Join(libDir, "libcuda.so.1"), nil, 0o644)
+	relayed := make(chan string, 4)
+	servers := map[string]string{uuid0: "gpu-a:7070", uuid1: "gpu-b"}
+	r := start(t, func(c *deviceplugin.Config) {
+		c.Remote = &deviceplugin.RemoteConfig{LibDir: libDir,
+			Server: func(u string) (string, bool) { s, ok := servers[u]; return s, ok },
+			Relay:  func(dir string) error { relayed <- dir; return nil }}
+	}, nil)
+	devs := r.kubelet.WaitDevices(t, allocation.ResourceRemote, func(d []*pluginapi.Device) bool { return health(d)[pluginapi.Healthy] == 8 })
+	if regs := r.kubelet.Registrations(); len(regs) != 1 || regs[0].ResourceName != allocation.ResourceRemote {
+		t.Fatalf("registrations %v", regs)
+	}
+	if !strings.HasSuffix(devs[0].ID, "::remote-0") {
+		t.Fatalf("device %s", devs[0].ID)
+	}
+	ids := []string{uuid1 + "::remote-0", uuid1 + "::remote-1"}
+	resp, err := r.kubelet.Client(t, allocation.ResourceRemote).Allocate(context.Background(),
+		&pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: ids}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	car := resp.ContainerResponses[0]
+	dir := allocation.DirName(ids)
+	g, err := allocation.ReadRemoteGrant(filepath.Join(r.cfg.ControlDir, dir, allocation.RemoteGrantFile))
+	if err != nil || g != (allocation.RemoteGrant{Server: "gpu-b", GPU: uuid1, MemoryBytes: 8 << 30, Weight: 2}) {
+		t.Fatalf("grant %+v %v", g, err)
+	}
+	if len(relayed) != 1 || <-relayed != dir || len(car.Devices) != 0 || car.Envs["GPUWARDEN_REMOTE"] == "" || len(car.Mounts) != 2 {
+		t.Fatalf("relayed %v, response %+v", relayed, car)
+	}
+
+	// gpu-b stops answering.
+	r.gpus.set(nil, gpu0)
+	r.kubelet.WaitDevices(t, allocation.ResourceRemote, func(d []*pluginapi.Device) bool {
+		return healthOf(d, uuid1+"::remote-3") == pluginapi.Unhealthy && healthOf(d, uuid0+"::remote-3") == pluginapi.Healthy
+	})
+	if _, err := r.kubelet.Client(t, allocation.ResourceRemote).Allocate(context.Background(),
+		&pluginapi.AllocateRequest{ContainerRequests: []*pluginapi.ContainerAllocateRequest{{DevicesIds: ids[:1]}}}); err == nil {
+		t.Fatal("allocated a GPU whose server is silent")
+	}
+}
