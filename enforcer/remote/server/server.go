@@ -57,7 +57,6 @@ type Server struct {
 // active is one running session.
 type active struct {
 	id       pki.Identity
-	node     string // the node whose relay opened it; "" for a workload's own certificate
 	uuid     string
 	granted  uint64
 	cgroup   string // path in the cgroup tree
@@ -187,7 +186,7 @@ func (s *Server) handle(c *tls.Conn) {
 		if peer.Node != "" {
 			log = log.With("pod", id.String()) // the client is the node that relays it
 		}
-		s.session(l, id, peer.Node, req, log)
+		s.session(l, id, req, log)
 	default:
 		log.Warn("remote: unexpected first frame", "type", t.String())
 	}
@@ -264,7 +263,7 @@ func (s *Server) list() session.GPUList {
 
 // session places the request, starts its worker, answers, and relays
 // until the client or the worker goes.
-func (s *Server) session(l *link.Conn, id pki.Identity, node string, req session.Request, log *slog.Logger) {
+func (s *Server) session(l *link.Conn, id pki.Identity, req session.Request, log *slog.Logger) {
 	refuse := func(err error) {
 		log.Info("remote: session refused", "err", err)
 		s.answer(l, link.Welcome, session.Welcome{Error: err.Error()})
@@ -297,7 +296,7 @@ func (s *Server) session(l *link.Conn, id pki.Identity, node string, req session
 	}
 	s.next++
 	name := fmt.Sprintf("s-%x", s.next)
-	a := &active{id: id, node: node, uuid: placed.Device.UUID, granted: placed.MemoryBytes,
+	a := &active{id: id, uuid: placed.Device.UUID, granted: placed.MemoryBytes,
 		cgroup: s.cfg.Worker.cgroupPath(name), sessName: name}
 	s.sessions[a.cgroup] = a
 	s.mu.Unlock()
