@@ -193,6 +193,13 @@ func importImage(repo, name, containerd, dir string) error {
 	bin := filepath.Join(repo, "bin")
 	im.add(filepath.Join(bin, "gpuwarden"), "/usr/local/bin/gpuwarden", true)
 	im.add(filepath.Join(bin, "libgpuwarden.so"), "/usr/local/gpuwarden/lib/libgpuwarden.so", true)
+	// The remote part's files, where the chart's defaults look for them: the
+	// worker beside the binary, the client library at remote.libraryImagePath.
+	// Their libraries are libc's, which the interposer already brings.
+	im.add(filepath.Join(bin, "gpuwarden-worker"), "/usr/local/bin/gpuwarden-worker", false)
+	im.add(filepath.Join(bin, "remote", "libgpuwarden-remote.so"), "/usr/local/gpuwarden/remote/libgpuwarden-remote.so", false)
+	im.links["/usr/local/gpuwarden/remote/libcuda.so.1"] = "libgpuwarden-remote.so"
+	im.links["/usr/local/gpuwarden/remote/libnvidia-ml.so.1"] = "libgpuwarden-remote.so"
 	for _, f := range []string{"libcuda.so.1", "libnvidia-ml.so.1", "workload"} {
 		im.add(filepath.Join(bin, "simgpu", f), "/usr/local/simgpu/"+f, true)
 	}
