@@ -340,18 +340,21 @@ func (j *joiner) finish(ledgers map[uint64]*ledger, rejected []*ledger) {
 }
 
 // addLedger adds what the interposer knows, on every GPU the container
-// holds memory on (its context reserve included) or has taken launch
-// tickets on; GPUs of unknown UUID are summed on NoGPU. Per-process
-// figures (launches, throttled time) go to the GPU each process holds
-// memory on: the ledger does not count them per device, so a process on
-// several GPUs has them on its first.
+// holds memory on (its context reserve included) or has launched on while
+// it had a gate; GPUs of unknown UUID are summed on NoGPU. Launches and
+// throttled time are counted per device where the interposer knew the
+// device (ledgers of minor 1: every launch made while the container has a
+// gate, and every wait); the rest, and all of an older ledger's, go to the
+// GPU each process holds memory on, so a process on several GPUs has them
+// on its first. The per-device counters are the container's to rewrite: one
+// that goes back makes the series go back, a counter reset to Prometheus.
 func (j *joiner) addLedger(cg uint64, l *ledger) {
 	u := l.usage
 	first := -1 // ordinal
 	for d := 0; d < u.NDev && d < controlblock.MaxDevices; d++ {
 		k := Key{cg, l.gpus[d]}
 		e, seen := j.entries[k]
-		if !seen && u.ReservedBytes[d] == 0 && u.LaunchesIssued[d] == 0 {
+		if !seen && u.ReservedBytes[d] == 0 && u.LaunchesIssued[d] == 0 && u.LaunchesDev[d] == 0 {
 			continue
 		}
 		if !seen {
@@ -385,6 +388,7 @@ func (j *joiner) addLedger(cg uint64, l *ledger) {
 	}
 	procs := map[Key][]controlblock.ProcUsage{}
 	for _, p := range u.Procs {
+		p = unplaced(p)
 		k := Key{cg, l.gpus[first]}
 		for d, b := range p.Bytes {
 			if o, ok := j.ordinals[Key{cg, l.gpus[d]}]; b > 0 && ok && o == d {
@@ -397,10 +401,17 @@ func (j *joiner) addLedger(cg uint64, l *ledger) {
 			e.PIDs = append(e.PIDs, int(p.Pid))
 		}
 	}
+	launches, throttledNs := map[Key]float64{}, map[Key]float64{} // exact: they replace eBPF's estimates
 	for d := 0; d < u.NDev && d < controlblock.MaxDevices; d++ {
 		k := Key{cg, l.gpus[d]}
-		if o, ok := j.ordinals[k]; !ok || o != d {
-			continue // not used, or summed on NoGPU under another ordinal
+		o, ok := j.ordinals[k]
+		if !ok {
+			continue // not used
+		}
+		launches[k] += float64(u.LaunchesDev[d])
+		throttledNs[k] += float64(u.ThrottledNsDev[d])
+		if o != d {
+			continue // summed on NoGPU under another ordinal
 		}
 		tot := j.c.totals[k]
 		if tot == nil {
@@ -408,10 +419,23 @@ func (j *joiner) addLedger(cg uint64, l *ledger) {
 			j.c.totals[k] = tot
 		}
 		tot.Update(procs[k])
+		launches[k] += float64(tot.Launches)
+		throttledNs[k] += float64(tot.ThrottledNs)
+	}
+	for k, n := range launches {
 		e := j.entries[k]
-		e.Launches, e.ThrottledSeconds = float64(tot.Launches), float64(tot.ThrottledNs)/1e9
+		e.Launches, e.ThrottledSeconds = n, throttledNs[k]/1e9
 	}
 	j.live[cg] = true
+}
+
+// unplaced is what of a process's launches and throttled time its ledger
+// does not count per device (all of it in ledgers before minor 1). A
+// placed count above the total (a rewritten slot) leaves nothing.
+func unplaced(p controlblock.ProcUsage) controlblock.ProcUsage {
+	p.Launches -= min(p.LaunchesPlaced, p.Launches)
+	p.ThrottledNs -= min(p.ThrottledPlacedNs, p.ThrottledNs)
+	return p
 }
 
 // byIndex keys what the enforcer reports by GPU UUID by NVML's index, as

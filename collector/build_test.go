@@ -126,3 +126,74 @@ func TestSessionsNameRemoteClients(t *testing.T) {
 		t.Errorf("other cgroup named %s/%s/%s", ns, pod, c)
 	}
 }
+
+// TestPerDeviceLaunchesLandOnTheirGPUs: a ledger of minor 1 counts
+// launches and throttled time per device, so one process on two GPUs has
+// each GPU's on that GPU; what it counted without a device (no gate) goes
+// to its first GPU, as an older ledger's. A container rewriting its
+// counters down makes the series go back (a counter reset), never negative.
+func TestPerDeviceLaunchesLandOnTheirGPUs(t *testing.T) {
+	var raw [3][16]byte
+	node := make([]string, 3)
+	j := &joiner{c: New("node", "test", Sources{}, slog.New(slog.DiscardHandler)), v: &View{},
+		entries: map[Key]*agentapi.ContainerDevice{}, uuids: map[int]string{}, index: map[string]int{},
+		live: map[uint64]bool{}, procs: map[Key][]gpuProc{}, ordinals: map[Key]int{}}
+	for i := range raw {
+		raw[i] = [16]byte{0x5b, 15: byte(i)}
+		node[i] = controlblock.UUIDString(raw[i])
+		j.uuids[i], j.index[node[i]] = node[i], i
+	}
+	j.node = node
+	ledgerOf := func(launches0, launches1, placed uint64) *controlblock.UsageSnapshot {
+		// Ordinals 0 and 1 are GPUs 2 and 1; one process holds memory on both.
+		u := &controlblock.UsageSnapshot{ABIMinor: 1, NDev: 2, CgroupID: 7}
+		u.DevUUID[0], u.DevUUID[1] = raw[2], raw[1]
+		u.ReservedBytes[0], u.ReservedBytes[1] = 100, 100
+		u.LaunchesDev[0], u.LaunchesDev[1] = launches0, launches1
+		u.ThrottledNsDev[0], u.ThrottledNsDev[1] = 1e9, 3e9
+		p := controlblock.ProcUsage{Slot: 0, Pid: 10, StartTime: 1, Launches: 110, LaunchesPlaced: placed,
+			ThrottledNs: 4e9, ThrottledPlacedNs: 4e9}
+		p.Bytes[0], p.Bytes[1] = 50, 50
+		u.Procs = []controlblock.ProcUsage{p}
+		return u
+	}
+	scrape := func(u *controlblock.UsageSnapshot) (gpu2, gpu1 *agentapi.ContainerDevice) {
+		j.entries = map[Key]*agentapi.ContainerDevice{}
+		j.ordinals = map[Key]int{}
+		l := &ledger{dir: "two", usage: u}
+		j.place(l)
+		j.addLedger(7, l)
+		if len(j.entries) != 2 || j.entries[Key{7, 2}] == nil || j.entries[Key{7, 1}] == nil {
+			t.Fatalf("entries %v, want the container on GPUs 2 and 1", j.entries)
+		}
+		return j.entries[Key{7, 2}], j.entries[Key{7, 1}]
+	}
+	check := func(what string, e *agentapi.ContainerDevice, launches, throttled float64) {
+		t.Helper()
+		if e.Launches != launches || e.ThrottledSeconds != throttled {
+			t.Errorf("%s: GPU %d: %v launches, %vs throttled; want %v, %vs", what, e.GPU, e.Launches, e.ThrottledSeconds, launches, throttled)
+		}
+	}
+	// 30 launches on ordinal 0, 70 on ordinal 1, 10 without a device.
+	a, b := scrape(ledgerOf(30, 70, 100))
+	check("first scrape", a, 40, 1)
+	check("first scrape", b, 70, 3)
+	// Rewritten down, and a slot claiming more placed than launched.
+	a, b = scrape(ledgerOf(30, 5, 1000))
+	check("rewound", a, 40, 1) // the process's 10 undeviced launches stay counted
+	check("rewound", b, 5, 3)
+	if a.Launches < 0 || b.Launches < 0 {
+		t.Errorf("negative launches %v %v", a.Launches, b.Launches)
+	}
+	// Minor 0 (as parsed: no per-device counters): a new process's
+	// launches and throttled time all on its first GPU, beside the 10
+	// launches counted there before.
+	old := ledgerOf(0, 0, 0)
+	old.ABIMinor = 0
+	old.ThrottledNsDev = [controlblock.MaxDevices]uint64{}
+	old.Procs[0].ThrottledPlacedNs = 0
+	old.Procs[0].Pid = 11
+	a, b = scrape(old)
+	check("minor 0", a, 10+110, 4)
+	check("minor 0", b, 0, 0)
+}

@@ -338,3 +338,53 @@ func TestAgentSchedulesContainerOnTwoGPUs(t *testing.T) {
 		return nil
 	})
 }
+
+// TestOneProcessLaunchesReportedPerGPU: one process of a container that
+// sees two GPUs (ordinal 0 is GPU 2, ordinal 1 GPU 0) launches on both, 6
+// kernels a step on one and 2 on the other; /metrics reports each GPU's
+// launches on that GPU (not all on the first the process holds memory on).
+func TestOneProcessLaunchesReportedPerGPU(t *testing.T) {
+	simtest.RequirePrivileged(t, "eBPF and cgroups")
+	m := simtest.NewMachine(t, 3, "16Gi")
+	agent := simtest.StartAgent(t, m)
+	var devs agentapi.DevicesResponse
+	agent.GetJSON(t, "/api/v1/devices", &devs)
+	uuids := map[int]string{}
+	for _, d := range devs.Devices {
+		uuids[d.Index] = d.UUID
+	}
+	cg := simtest.NewCgroup(t, "split")
+	const steps, onFirst, onSecond = 400, 6, 2
+	// It idles a while first, so that its launches are made under the
+	// enforcer's gate, where the interposer knows each launch's device.
+	cmd := cg.Place(m.Command(simtest.Bin(t, "simgpu/workload"), "--alloc", "256Mi", "--steps", fmt.Sprint(steps),
+		"--kernels", fmt.Sprint(onFirst), "--kernel-ns", "100000", "--device", "0",
+		"--also-device", "1", "--also-kernels", fmt.Sprint(onSecond), "--start-after", "3", "--hold-after"))
+	cmd.Env = append(cmd.Env, "LD_PRELOAD="+simtest.Bin(t, "libgpuwarden.so"), "GPUWARDEN_CONTROL_DIR="+agent.ControlDir,
+		"GPUWARDEN_COMPUTE_WEIGHT=2", "CUDA_VISIBLE_DEVICES="+uuids[2]+","+uuids[0])
+	w := simtest.Start(t, cmd)
+	w.WaitLine(t, "ready", 20*time.Second)
+	done := w.WaitLine(t, "done", 60*time.Second)
+	if want := fmt.Sprintf("done launches=%d also=%d", steps*onFirst, steps*onSecond); !strings.Contains(done, want) {
+		t.Fatalf("workload: %q, want %q", done, want)
+	}
+	launched := map[int]float64{2: steps * onFirst, 0: steps * onSecond}
+	simtest.Eventually(t, 15*time.Second, func() error {
+		f := agent.Scrape(t)
+		for gpu, n := range launched {
+			s, ok := simtest.Find(f, "gpuwarden_container_kernel_launches_total",
+				map[string]string{"gpu": fmt.Sprint(gpu), "uuid": uuids[gpu], "container": cg.Rel})
+			if !ok {
+				return fmt.Errorf("no launches series of the container on GPU %d: %v", gpu, f["gpuwarden_container_kernel_launches_total"])
+			}
+			if s.Value < 0.9*n || s.Value > 1.1*n {
+				return fmt.Errorf("GPU %d: %v launches reported, %v launched there (want within 10%%)", gpu, s.Value, n)
+			}
+			t.Logf("GPU %d: %v launches reported, %v launched", gpu, s.Value, n)
+		}
+		if _, ok := simtest.Find(f, "gpuwarden_container_kernel_launches_total", map[string]string{"gpu": "1", "container": cg.Rel}); ok {
+			return fmt.Errorf("launches reported on GPU 1, which the container does not see")
+		}
+		return nil
+	})
+}

@@ -11,7 +11,7 @@ import "unsafe"
 // ABI constants, as gpuwarden_abi.h defines them.
 const (
 	ABIMajor      = 1
-	ABIMinor      = 0
+	ABIMinor      = 1 // 1: launches and throttled time per device
 	MaxDevices    = 16
 	MaxSlots      = 128
 	CgroupPathMax = 512
@@ -74,7 +74,11 @@ type Slot struct {
 	Launches      uint64             `c:"launches"`
 	ThrottledNs   uint64             `c:"throttled_ns"`
 	AllocFailures uint64             `c:"alloc_failures"`
-	Reserved      [88]byte           `c:"reserved"`
+	// Minor 1: of Launches and ThrottledNs, what is also counted per
+	// device in Usage.LaunchesDev and Usage.ThrottledNsDev.
+	LaunchesPlaced    uint64   `c:"launches_placed"`
+	ThrottledPlacedNs uint64   `c:"throttled_placed_ns"`
+	Reserved          [72]byte `c:"reserved"`
 }
 
 // Usage is the container's ledger (struct gw_usage).
@@ -98,8 +102,13 @@ type Usage struct {
 	CgroupID          uint64               `c:"cgroup_id"`
 	CgroupPath        [CgroupPathMax]byte  `c:"cgroup_path"`
 	DevUUID           [MaxDevices][16]byte `c:"dev_uuid"`
-	Reserved          [2760]byte           `c:"reserved"`
-	Slots             [MaxSlots]Slot       `c:"slots"`
+	Pad1              [8]byte              `c:"pad1"`
+	// Minor 1: container-wide, by device ordinal, launches whose device the
+	// interposer knew and time launches waited at a gate (ns).
+	LaunchesDev    [MaxDevices]uint64 `c:"launches_dev"`
+	ThrottledNsDev [MaxDevices]uint64 `c:"throttled_ns_dev"`
+	Reserved       [2496]byte         `c:"reserved"`
+	Slots          [MaxSlots]Slot     `c:"slots"`
 }
 
 // Sizes of the files.

@@ -34,8 +34,12 @@ type UsageSnapshot struct {
 	CgroupID          uint64
 	CgroupPath        string
 	DevUUID           [MaxDevices][16]byte
-	Procs             []ProcUsage
-	Problems          []string
+	// Minor 1 (zero in older ledgers): launches whose device was known
+	// and time launches waited, by device ordinal, container-wide.
+	LaunchesDev    [MaxDevices]uint64
+	ThrottledNsDev [MaxDevices]uint64
+	Procs          []ProcUsage
+	Problems       []string
 }
 
 // ProcUsage is one live process of the container.
@@ -47,7 +51,15 @@ type ProcUsage struct {
 	Launches      uint64
 	ThrottledNs   uint64
 	AllocFailures uint64
+	// Minor 1 (zero in older ledgers): of Launches and ThrottledNs, what
+	// is also counted in LaunchesDev and ThrottledNsDev.
+	LaunchesPlaced    uint64
+	ThrottledPlacedNs uint64
 }
+
+// PerDevice says the ledger counts launches and throttled time per device
+// (minor 1 on).
+func (s *UsageSnapshot) PerDevice() bool { return s.ABIMinor >= 1 }
 
 // ErrNotLedger says the bytes are not a gpuwarden ledger of this ABI.
 var ErrNotLedger = errors.New("not a gpuwarden ABI 1 ledger")
@@ -76,6 +88,9 @@ func parseUsage(u *Usage) (*UsageSnapshot, error) {
 		return nil, fmt.Errorf("%w: layout %d/%d/%d/%d", ErrNotLedger, u.Size, u.MaxDevices, u.MaxSlots, u.SlotSize)
 	}
 	s := &UsageSnapshot{ABIMinor: u.ABIMinor, CgroupID: u.CgroupID, DevUUID: u.DevUUID}
+	if s.PerDevice() {
+		s.LaunchesDev, s.ThrottledNsDev = u.LaunchesDev, u.ThrottledNsDev
+	}
 	bad := func(format string, a ...any) { s.Problems = append(s.Problems, fmt.Sprintf(format, a...)) }
 	if u.NDev > MaxDevices {
 		bad("ndev %d", u.NDev)
@@ -133,6 +148,9 @@ func parseUsage(u *Usage) (*UsageSnapshot, error) {
 		}
 		p := ProcUsage{Slot: i, Pid: sl.Pid, StartTime: sl.StartTime, Launches: sl.Launches,
 			ThrottledNs: sl.ThrottledNs, AllocFailures: sl.AllocFailures}
+		if s.PerDevice() {
+			p.LaunchesPlaced, p.ThrottledPlacedNs = sl.LaunchesPlaced, sl.ThrottledPlacedNs
+		}
 		ok := true
 		for d, v := range sl.Bytes {
 			if v > MaxPlausibleBytes {

@@ -86,3 +86,30 @@ func FuzzParseUsage(f *testing.F) {
 		}
 	})
 }
+
+// TestParseUsagePerDeviceByMinor: the per-device launch counters (minor 1)
+// are read from ledgers of minor 1 on; in an older ledger that space is
+// reserved, and whatever it holds is not read.
+func TestParseUsagePerDeviceByMinor(t *testing.T) {
+	for _, minor := range []uint16{0, 1} {
+		b := validLedger()
+		u := (*Usage)(unsafe.Pointer(&b[0]))
+		u.ABIMinor = minor
+		u.LaunchesDev[1], u.ThrottledNsDev[1] = 70, 3e9
+		u.Slots[3].Launches, u.Slots[3].LaunchesPlaced = 80, 70
+		u.Slots[3].ThrottledNs, u.Slots[3].ThrottledPlacedNs = 3e9, 3e9
+		s, err := ParseUsage(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := s.Procs[0]
+		got := [4]uint64{s.LaunchesDev[1], s.ThrottledNsDev[1], p.LaunchesPlaced, p.ThrottledPlacedNs}
+		want := [4]uint64{70, 3e9, 70, 3e9}
+		if minor == 0 {
+			want = [4]uint64{}
+		}
+		if s.PerDevice() != (minor >= 1) || got != want || p.Launches != 80 {
+			t.Errorf("minor %d: per device %v, counters %v, launches %d; want %v, 80", minor, s.PerDevice(), got, p.Launches, want)
+		}
+	}
+}

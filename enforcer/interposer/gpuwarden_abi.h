@@ -16,7 +16,13 @@
  *
  * Versioning: readers require the same major version and a size at least
  * their own struct's size; a minor version only adds fields inside the
- * reserved space, which writers of an older minor leave zero.
+ * reserved space, which writers of an older minor leave zero. A ledger's
+ * abi_minor is its creator's: the fields of a later minor are written and
+ * read only in ledgers of that minor or later.
+ *
+ * Minor 1: launches and throttled time per device (usage.launches_dev,
+ * usage.throttled_ns_dev; what of a process's counts they hold:
+ * slot.launches_placed, slot.throttled_placed_ns).
  */
 #ifndef GPUWARDEN_ABI_H
 #define GPUWARDEN_ABI_H
@@ -26,7 +32,7 @@
 #include <stdint.h>
 
 #define GW_ABI_MAJOR 1
-#define GW_ABI_MINOR 0
+#define GW_ABI_MINOR 1
 
 #define GW_MAX_DEVICES 16  /* device ordinals as the container's processes see them */
 #define GW_MAX_SLOTS 128   /* processes per container using the GPU at once */
@@ -82,7 +88,12 @@ struct gw_slot {
     _Atomic uint64_t launches;      /* kernel and graph launches */
     _Atomic uint64_t throttled_ns;  /* time launches waited at the gate */
     _Atomic uint64_t alloc_failures; /* allocations refused for the quota */
-    uint8_t reserved[88];
+    /* minor 1: the part of launches and throttled_ns also counted per device
+     * in usage.launches_dev and usage.throttled_ns_dev (the rest was counted
+     * where the launch's device was not known: no gate) */
+    _Atomic uint64_t launches_placed;     /* launches */
+    _Atomic uint64_t throttled_placed_ns; /* ns */
+    uint8_t reserved[72];
 };
 
 enum gw_claim_flags { GW_CLAIM_MEMORY_SET = 1 }; /* the environment set a memory limit */
@@ -109,7 +120,14 @@ struct gw_usage {
     _Atomic uint64_t cgroup_id;           /* inode of the cgroup directory, 0 unknown */
     char cgroup_path[GW_CGROUP_PATH_MAX]; /* as /proc/self/cgroup shows it, NUL-terminated; set at creation */
     uint8_t dev_uuid[GW_MAX_DEVICES][16]; /* CUDA UUID of each ordinal; zero unknown */
-    uint8_t reserved[2760];
+    uint8_t pad1[8];
+    /* minor 1: container-wide, by device ordinal, the launches whose device
+     * the interposer knew (those made while the container has a gate on any
+     * device) and all the time launches waited at a gate; each array on
+     * cache lines of its own, apart from launches_issued's */
+    _Atomic uint64_t launches_dev[GW_MAX_DEVICES];   /* launches */
+    _Atomic uint64_t throttled_ns_dev[GW_MAX_DEVICES]; /* ns */
+    uint8_t reserved[2496];
     struct gw_slot slots[GW_MAX_SLOTS];
 };
 
@@ -118,6 +136,12 @@ _Static_assert(sizeof(struct gw_gate) == 64, "gw_gate");
 _Static_assert(offsetof(struct gw_limits, gate) == 256, "gw_limits.gate");
 _Static_assert(sizeof(struct gw_limits) == 2048, "gw_limits");
 _Static_assert(sizeof(struct gw_slot) == 256, "gw_slot");
+_Static_assert(offsetof(struct gw_slot, launches_placed) == 168, "gw_slot.launches_placed");
+_Static_assert(offsetof(struct gw_usage, launches_dev) == 1344, "gw_usage.launches_dev");
+_Static_assert(offsetof(struct gw_usage, launches_dev) % 64 == 0, "gw_usage.launches_dev: own cache lines");
+_Static_assert(offsetof(struct gw_usage, throttled_ns_dev) % 64 == 0, "gw_usage.throttled_ns_dev: own cache lines");
+_Static_assert(sizeof(((struct gw_usage *)0)->launches_dev) % 64 == 0, "gw_usage.launches_dev: whole cache lines");
+_Static_assert(offsetof(struct gw_usage, reserved) == 1600, "gw_usage.reserved");
 _Static_assert(offsetof(struct gw_usage, slots) == 4096, "gw_usage.slots");
 _Static_assert(sizeof(struct gw_usage) == 4096 + GW_MAX_SLOTS * 256, "gw_usage");
 

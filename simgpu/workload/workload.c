@@ -6,12 +6,16 @@
  *   workload [--alloc 1Gi] [--steps N | --seconds S] [--kernels 8] [--kernel-ns 100000]
  *            [--batch 32] [--device 0] [--resolve direct|procaddr] [--graph]
  *            [--sync-every-launch] [--hold] [--label NAME] [--launch-cost N] [--try-alloc SIZE]
- *            [--start-after S]
+ *            [--start-after S] [--also-device D [--also-kernels N]] [--hold-after]
  *
  * --try-alloc asks for SIZE more after --alloc and goes on whether or not it
  * gets it, printing "try-alloc <result>": an over-quota attempt. --start-after
  * holds the context idle for S seconds before the loop (a container that
- * wakes up); --seconds counts from then.
+ * wakes up); --seconds counts from then. --also-device runs each step on a
+ * second device too: N more kernels (default --kernels) in a context and
+ * stream of its own, made current for them. --hold-after prints "done
+ * launches=<on --device> also=<on --also-device>" after the loop and waits
+ * to be killed, so the process (and its slot) outlives the loop.
  */
 #define _GNU_SOURCE /* RUSAGE_THREAD */
 #include <dlfcn.h>
@@ -127,7 +131,8 @@ int main(int argc, char **argv) {
     unsigned long long alloc = 0, kernel_ns = 100000, try_alloc = 0;
     long steps = 0, kernels = 8, batch = 32, launch_cost = 0;
     double seconds = 0, start_after = 0;
-    int device = 0, graph = 0, sync_each = 0, hold = 0;
+    int device = 0, graph = 0, sync_each = 0, hold = 0, also_device = -1, hold_after = 0;
+    long also_kernels = -1;
     const char *resolve = "direct", *label = "workload";
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -144,9 +149,12 @@ int main(int argc, char **argv) {
         else if (OPT("--launch-cost")) launch_cost = atol(v);
         else if (OPT("--try-alloc")) try_alloc = parse_size(v);
         else if (OPT("--start-after")) start_after = atof(v);
+        else if (OPT("--also-device")) also_device = atoi(v);
+        else if (OPT("--also-kernels")) also_kernels = atol(v);
         else if (!strcmp(a, "--graph")) graph = 1;
         else if (!strcmp(a, "--sync-every-launch")) sync_each = 1;
         else if (!strcmp(a, "--hold")) hold = 1;
+        else if (!strcmp(a, "--hold-after")) hold_after = 1;
         else {
             fprintf(stderr, "workload: unknown or incomplete option %s\n", a);
             return 2;
@@ -186,6 +194,21 @@ int main(int argc, char **argv) {
     CHECK(cu.cuModuleLoadData(&mod, image));
     CHECK(cu.cuModuleGetFunction(&fn, mod, "train_step"));
     CHECK(cu.cuStreamCreate(&stream, 0));
+    CUcontext also_ctx = NULL;
+    CUfunction also_fn = NULL;
+    CUstream also_stream = NULL;
+    if (also_device >= 0) {
+        CUdevice d2;
+        CUmodule mod2;
+        if (also_kernels < 0) also_kernels = kernels;
+        CHECK(cu.cuDeviceGet(&d2, also_device));
+        CHECK(cu.cuDevicePrimaryCtxRetain(&also_ctx, d2));
+        CHECK(cu.cuCtxSetCurrent(also_ctx));
+        CHECK(cu.cuModuleLoadData(&mod2, image));
+        CHECK(cu.cuModuleGetFunction(&also_fn, mod2, "train_step"));
+        CHECK(cu.cuStreamCreate(&also_stream, 0));
+        CHECK(cu.cuCtxSetCurrent(ctx));
+    }
     printf("ready pid=%d alloc=%llu\n", (int)getpid(), alloc);
     fflush(stdout);
     if (hold) {
@@ -219,18 +242,29 @@ int main(int argc, char **argv) {
         nanosleep(&idle, NULL);
     }
     double start = now_s(), end = start, cpu0 = thread_cpu_s();
-    long done = 0;
+    long done = 0, launched = 0, also_launched = 0;
     struct sigaction sa = {.sa_handler = on_stop};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     while (!stopping && ((steps && done < steps) || (seconds && end - start < seconds))) {
         if (graph) {
             CHECK(cu.cuGraphLaunch(exec, stream));
+            launched++;
         } else {
             for (long k = 0; k < kernels; k++) {
                 CHECK(cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, stream, params, NULL));
+                launched++;
                 if (sync_each) CHECK(cu.cuStreamSynchronize(stream));
             }
+        }
+        if (also_ctx) {
+            CHECK(cu.cuCtxSetCurrent(also_ctx));
+            for (long k = 0; k < also_kernels; k++) {
+                CHECK(cu.cuLaunchKernel(also_fn, 1, 1, 1, 32, 1, 1, 0, also_stream, params, NULL));
+                also_launched++;
+            }
+            CHECK(cu.cuStreamSynchronize(also_stream));
+            CHECK(cu.cuCtxSetCurrent(ctx));
         }
         CHECK(cu.cuStreamSynchronize(stream));
         done++;
@@ -242,6 +276,11 @@ int main(int argc, char **argv) {
     printf("BENCH %s_images_per_sec %.2f images/s\n", label, (double)done * (double)batch / elapsed);
     printf("BENCH %s_device_busy_ratio %.3f ratio\n", label,
            (double)done * (double)kernels * (double)kernel_ns / 1e9 / elapsed);
+    if (hold_after) {
+        printf("done launches=%ld also=%ld\n", launched, also_launched);
+        fflush(stdout);
+        for (;;) pause();
+    }
     if (buf) CHECK(cu.cuMemFree_v2(buf));
     return 0;
 }

@@ -28,6 +28,7 @@ enum { GW_FAILED = -1, GW_UNINIT = 0, GW_CORE = 1, GW_READY = 2 };
 extern _Atomic int gw_state;
 extern struct gw_env gw_env;            /* parsed once, at init */
 extern struct gw_usage *gw_usage;       /* the container's ledger (read-write) */
+extern int gw_usage_per_dev;            /* the ledger has minor 1's per-device counters */
 extern struct gw_slot *_Atomic gw_slot; /* this process's slot, when GW_READY */
 extern __thread int gw_in_hook __attribute__((tls_model("initial-exec")));
 

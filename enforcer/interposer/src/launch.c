@@ -1,6 +1,9 @@
 /* The launch path: count every launch in this process's slot and, when the
  * agent gates the device, wait for a grant. Without a gate this is a few
- * loads and one atomic add: no getenv, lock, log or allocation here. */
+ * loads and one atomic add: no getenv, lock, log or allocation here. With a
+ * gate on any device the launch's device is known (cuCtxGetDevice), and the
+ * launch and its wait are counted on it too (ledgers of minor 1); without
+ * one they are not, as asking the driver would cost every launch a call. */
 #define _GNU_SOURCE
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -49,14 +52,24 @@ static uint64_t pace_ns(struct pace *p) {
     return per && per < GW_PACE_SLOWEST_NS ? per : GW_PACE_SLOWEST_NS;
 }
 
-/* gw_gate_wait takes a ticket on the current device and waits until the
- * agent's grant covers it, the gate is lifted, or the agent falls silent:
- * then until the grant, reckoned on at the agent's last pace from its last
- * beat, covers it, or the grace period since that beat is over. */
+/* count_placed adds n (1 launch, or the ns a launch waited) to a
+ * container-wide per-device counter and, as counted there, to the slot. */
+static void count_placed(_Atomic uint64_t *dev_counter, _Atomic uint64_t *slot_counter, uint64_t n) {
+    atomic_fetch_add_explicit(dev_counter, n, memory_order_relaxed);
+    atomic_fetch_add_explicit(slot_counter, n, memory_order_relaxed);
+}
+
+/* gw_gate_wait counts the launch on the current device, takes a ticket
+ * there and waits until the agent's grant covers it, the gate is lifted, or
+ * the agent falls silent: then until the grant, reckoned on at the agent's
+ * last pace from its last beat, covers it, or the grace period since that
+ * beat is over. */
 __attribute__((noinline)) CUresult gw_gate_wait(void) {
     struct gw_limits *l = atomic_load_explicit(&gw_limits, memory_order_acquire);
     CUdevice dev;
     if (!l || gw_be.cuCtxGetDevice(&dev) || dev < 0 || dev >= GW_MAX_DEVICES) return CUDA_SUCCESS;
+    struct gw_slot *me = atomic_load(&gw_slot);
+    if (gw_usage_per_dev && me) count_placed(&gw_usage->launches_dev[dev], &me->launches_placed, 1);
     uint32_t bit = 1u << dev;
     if (!(atomic_load(&gw_snap_gate_mask) & bit)) return CUDA_SUCCESS;
     struct gw_gate *g = &l->gate[dev];
@@ -99,8 +112,9 @@ __attribute__((noinline)) CUresult gw_gate_wait(void) {
         struct timespec ts = {(time_t)(wait / 1000000000ull), (long)(wait % 1000000000ull)};
         syscall(SYS_futex, &g->wake, FUTEX_WAIT, w, &ts, NULL, 0);
     }
-    struct gw_slot *me = atomic_load(&gw_slot);
-    if (me) atomic_fetch_add(&me->throttled_ns, gw_now_ns() - start);
+    uint64_t waited = gw_now_ns() - start;
+    if (me) atomic_fetch_add(&me->throttled_ns, waited);
+    if (gw_usage_per_dev && me) count_placed(&gw_usage->throttled_ns_dev[dev], &me->throttled_placed_ns, waited);
     return CUDA_SUCCESS;
 }
 

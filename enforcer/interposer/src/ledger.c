@@ -18,6 +18,7 @@
 #include "internal.h"
 
 struct gw_usage *gw_usage;
+int gw_usage_per_dev;
 struct gw_limits *_Atomic gw_limits;
 _Atomic uint64_t gw_limits_seq;
 _Atomic uint32_t gw_snap_gate_mask;
@@ -135,6 +136,7 @@ int gw_ledger_open(const char *dir, const char *key, const char *cgpath, char *e
         return -1;
     }
     usage_fd = fd;
+    gw_usage_per_dev = __atomic_load_n(&u->abi_minor, __ATOMIC_RELAXED) >= 1; /* its creator's minor, fixed */
     gw_usage = u;
     return 0;
 }
@@ -371,6 +373,10 @@ struct gw_slot *gw_slot_claim(void) {
             atomic_store(&s->launches, 0);
             atomic_store(&s->throttled_ns, 0);
             atomic_store(&s->alloc_failures, 0);
+            if (gw_usage_per_dev) {
+                atomic_store(&s->launches_placed, 0);
+                atomic_store(&s->throttled_placed_ns, 0);
+            }
             atomic_store_explicit(&s->state, GW_SLOT_LIVE, memory_order_release);
             return s;
         }
