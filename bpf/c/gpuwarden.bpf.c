@@ -4,7 +4,7 @@
  * Needs: uprobes and uretprobes on libcuda.so.1 (attached by the Go loader per
  * library file), a raw tracepoint on sched_process_exit/exec (no tracefs),
  * BPF ring buffers (5.8), bpf_for_each_map_elem (5.13); the raw tracepoint
- * mmap_lock_released (5.10, CONFIG_TRACING), where the kernel has it, tells
+ * mmap_lock_released (6.12, CONFIG_TRACING), where the kernel has it, tells
  * the libcuda scan which processes changed their mappings. No CO-RE: the only
  * kernel struct read is struct pt_regs, from the UAPI <asm/ptrace.h>, so the
  * object needs no BTF from the running kernel. x86-64 only (register names).
@@ -710,18 +710,19 @@ int on_exit(void *ctx) {
 /* Every change to a process's mappings (mmap, mprotect, munmap, mremap,
  * brk) holds its mmap lock for writing: at the release the change is in
  * place, so a scan that reads the maps after taking the mark sees it. The
- * arguments are (mm, write) since Linux 6.12; the loader tries the older
- * (mm, memcg_path, write) first, which newer kernels refuse. */
+ * arguments are (mm, write) since Linux 6.12. */
 SEC("raw_tracepoint/mmap_lock_released")
 int on_mmap_unlock(struct bpf_raw_tracepoint_args *ctx) {
     if (ctx->args[1]) mark_changed(bpf_get_current_pid_tgid() >> 32);
     return 0;
 }
 
+/* Only tells the layout: a kernel that attaches a program reading a third
+ * argument has the older (mm, memcg_path, write), whose tracepoint formats
+ * a memory cgroup's path at every lock and release, too dear to enable. */
 SEC("raw_tracepoint/mmap_lock_released")
-int on_mmap_unlock_memcg(struct bpf_raw_tracepoint_args *ctx) {
-    if (ctx->args[2]) mark_changed(bpf_get_current_pid_tgid() >> 32);
-    return 0;
+int mmap_unlock_layout(struct bpf_raw_tracepoint_args *ctx) {
+    return ctx->args[2] != 0;
 }
 
 /* exec replaces the image: the driver state of the old one is gone too. */

@@ -9,18 +9,20 @@ import (
 )
 
 // attachChanged attaches the tracepoint that names the processes whose
-// mappings change (the map changed). A kernel without it leaves Changed
-// unable to tell.
+// mappings change (the map changed), on kernels where it is cheap (6.12 and
+// later). Elsewhere Changed cannot tell.
 func (p *Probes) attachChanged() error {
-	var err error
-	for _, prog := range []*ebpf.Program{p.objs.OnMmapUnlockMemcg, p.objs.OnMmapUnlock} { // before 6.12, since
-		var l link.Link
-		if l, err = link.AttachRawTracepoint(link.RawTracepointOptions{Name: "mmap_lock_released", Program: prog}); err == nil {
-			p.mapping = l
-			return nil
-		}
+	const tp = "mmap_lock_released"
+	if l, err := link.AttachRawTracepoint(link.RawTracepointOptions{Name: tp, Program: p.objs.MmapUnlockLayout}); err == nil {
+		l.Close()
+		return errors.New("the kernel's mmap_lock tracepoints format a memory cgroup path at every lock (before Linux 6.12)")
 	}
-	return fmt.Errorf("attach raw tracepoint mmap_lock_released: %w", explainAttach(err))
+	l, err := link.AttachRawTracepoint(link.RawTracepointOptions{Name: tp, Program: p.objs.OnMmapUnlock})
+	if err != nil {
+		return fmt.Errorf("attach raw tracepoint %s: %w", tp, explainAttach(err))
+	}
+	p.mapping = l
+	return nil
 }
 
 // Changed returns the processes (host tgids) that changed their mappings
