@@ -3,7 +3,9 @@
  *
  * Needs: uprobes and uretprobes on libcuda.so.1 (attached by the Go loader per
  * library file), a raw tracepoint on sched_process_exit/exec (no tracefs),
- * BPF ring buffers (5.8), bpf_for_each_map_elem (5.13). No CO-RE: the only
+ * BPF ring buffers (5.8), bpf_for_each_map_elem (5.13); the raw tracepoint
+ * mmap_lock_released (6.12, CONFIG_TRACING), where the kernel has it, tells
+ * the libcuda scan which processes changed their mappings. No CO-RE: the only
  * kernel struct read is struct pt_regs, from the UAPI <asm/ptrace.h>, so the
  * object needs no BTF from the running kernel. x86-64 only (register names).
  *
@@ -119,6 +121,17 @@ struct {
     __type(value, __u64); /* last process generation handed out */
     PINNED;
 } generation SEC(".maps");
+
+/* Processes that changed their mappings, exec'd or exited since the libcuda
+ * scan last looked (by tgid): the scan reads only their maps, and new
+ * processes'. Not pinned: a new agent reads every process once. Full, it is
+ * ignored (every process is checked). */
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, GW_CHANGED_MAX);
+    __type(key, __u32);
+    __type(value, __u8);
+} changed SEC(".maps");
 
 struct {
     __uint(type, BPF_MAP_TYPE_RINGBUF);
@@ -678,6 +691,11 @@ static __always_inline int process_gone(__u32 tgid) {
     return 0;
 }
 
+static __always_inline void mark_changed(__u32 tgid) {
+    __u8 one = 1;
+    bpf_map_update_elem(&changed, &tgid, &one, BPF_ANY);
+}
+
 SEC("raw_tracepoint/sched_process_exit")
 int on_exit(void *ctx) {
     __u64 id = bpf_get_current_pid_tgid();
@@ -685,7 +703,26 @@ int on_exit(void *ctx) {
     bpf_map_delete_elem(&threads, &tid);
     bpf_map_delete_elem(&pending, &id);
     if (tid != tgid) return 0; /* a thread, not the process */
+    mark_changed(tgid); /* its pid may come back as another process */
     return process_gone(tgid);
+}
+
+/* Every change to a process's mappings (mmap, mprotect, munmap, mremap,
+ * brk) holds its mmap lock for writing: at the release the change is in
+ * place, so a scan that reads the maps after taking the mark sees it. The
+ * arguments are (mm, write) since Linux 6.12. */
+SEC("raw_tracepoint/mmap_lock_released")
+int on_mmap_unlock(struct bpf_raw_tracepoint_args *ctx) {
+    if (ctx->args[1]) mark_changed(bpf_get_current_pid_tgid() >> 32);
+    return 0;
+}
+
+/* Only tells the layout: a kernel that attaches a program reading a third
+ * argument has the older (mm, memcg_path, write), whose tracepoint formats
+ * a memory cgroup's path at every lock and release, too dear to enable. */
+SEC("raw_tracepoint/mmap_lock_released")
+int mmap_unlock_layout(struct bpf_raw_tracepoint_args *ctx) {
+    return ctx->args[2] != 0;
 }
 
 /* exec replaces the image: the driver state of the old one is gone too. */
@@ -694,6 +731,7 @@ int on_exec(void *ctx) {
     __u64 id = bpf_get_current_pid_tgid();
     __u32 tid = (__u32)id;
     bpf_map_delete_elem(&threads, &tid);
+    mark_changed(id >> 32); /* a new image: other files mapped */
     return process_gone(id >> 32);
 }
 

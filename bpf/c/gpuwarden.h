@@ -7,6 +7,7 @@
 
 #define GW_DEVICE_UNKNOWN 0xffffffffu /* no context of the thread or process is known */
 #define GW_MAX_CTX_STACK 8            /* per-thread context stack depth tracked */
+#define GW_CHANGED_MAX 65536          /* processes the scan is told about between two scans */
 
 /* Which driver entry point an event or a pending call belongs to. */
 enum gw_api {

@@ -136,7 +136,18 @@ type Scanner struct {
 	driver   map[string]bool // "dev inode" as maps shows them
 	procs    map[int]*procMaps
 	passes   int
+	changes  Changes
 }
+
+// Changes names the processes (by pid under the scanner's procRoot) that may
+// have mapped new code, or exited, since it was last called; all: it cannot
+// tell. A process it does not name keeps what it mapped when last read,
+// without its statm being read (the eBPF probes' kprobes on mmap and
+// mprotect, probes.Changed).
+type Changes func() (pids map[int]bool, all bool, err error)
+
+// SetChanges makes every scan ask c which known processes to look at again.
+func (s *Scanner) SetChanges(c Changes) { s.changes = c }
 
 // procMaps is what one process mapped when its maps were last read.
 type procMaps struct {
@@ -170,6 +181,13 @@ func (s *Scanner) Scan() (map[FileID]Mapping, error) {
 	self, _ := os.Readlink(filepath.Join(s.procRoot, "self")) // our pid as procRoot numbers it
 	pass := s.passes
 	s.passes++
+	changed, all := map[int]bool(nil), true
+	if s.changes != nil {
+		var err error
+		if changed, all, err = s.changes(); err != nil {
+			changed, all = nil, true // read every process's size, as without changes
+		}
+	}
 	found := map[FileID]Mapping{}
 	known := make(map[string]bool, len(s.driver))
 	procs := make(map[int]*procMaps, len(s.procs))
@@ -178,7 +196,14 @@ func (s *Scanner) Scan() (map[FileID]Mapping, error) {
 		if err != nil || pid <= 0 || name == self {
 			continue
 		}
-		p := s.process(pid, (pid+pass)%recheckEvery == 0, known)
+		recheck := (pid+pass)%recheckEvery == 0
+		p := s.procs[pid]
+		switch {
+		case all || p == nil:
+			p = s.process(pid, recheck, known)
+		case changed[pid] || recheck: // an mprotect leaves the size alone
+			p = s.process(pid, true, known)
+		} // else: no mmap, mprotect, exec or exit since it was read
 		if p == nil {
 			continue // gone, or a kernel thread
 		}

@@ -214,6 +214,66 @@ func TestScanRereadsChangedProcesses(t *testing.T) {
 	}
 }
 
+// With Changes, a known process is read again only when named (whatever
+// its size says), or on its turn; a new one at once; all reads every
+// process's size as without Changes.
+func TestScanAsksChanges(t *testing.T) {
+	proc := t.TempDir()
+	first := fakeProcess(t, proc, "42", "/opt/libcuda.so.1", 9)
+	writeStatm(t, proc, "42", 256)
+	s := NewScanner(proc)
+	var named map[int]bool
+	all := false
+	s.SetChanges(func() (map[int]bool, bool, error) { return named, all, nil })
+	has := func(lib string) bool {
+		found, err := s.Scan()
+		if err != nil {
+			t.Fatal(err)
+		}
+		id, _ := Identify(lib)
+		_, ok := found[id]
+		return ok
+	}
+	if !has(first) {
+		t.Fatal("a new process was not read")
+	}
+	// Another copy and another size, but not named: answered from before.
+	second := fakeProcess(t, proc, "42", "/opt/other/libcuda.so.1", 11)
+	writeStatm(t, proc, "42", 512)
+	if !has(first) || has(second) {
+		t.Fatal("a process the changes do not name was read again")
+	}
+	// Named, its size unchanged (an mprotect): read again.
+	named = map[int]bool{42: true}
+	if !has(second) {
+		t.Fatal("a process the changes name was not read again")
+	}
+	named = nil
+	third := fakeProcess(t, proc, "42", "/opt/third/libcuda.so.1", 12)
+	writeStatm(t, proc, "42", 1024)
+	all = true // the changes cannot tell: its size decides
+	if !has(third) {
+		t.Fatal("with all, a process whose size changed was not read again")
+	}
+	all = false
+	fourth := fakeProcess(t, proc, "42", "/opt/fourth/libcuda.so.1", 13)
+	scans := 0
+	for seen := false; !seen; scans++ {
+		if scans > recheckEvery {
+			t.Fatalf("not read on its turn in %d scans", scans)
+		}
+		seen = has(fourth)
+	}
+	if scans < 2 {
+		t.Fatal("a process not named was read at once")
+	}
+	// A new process is read at once, named or not.
+	fifth := fakeProcess(t, proc, "43", "/opt/fifth/libcuda.so.1", 14)
+	if !has(fifth) {
+		t.Fatal("a new process was not read")
+	}
+}
+
 // The statm file the scanner keeps open stops reading once its process is
 // gone: a pid used again is a new process, read anew.
 func TestReadSizeOfDeadProcess(t *testing.T) {

@@ -86,6 +86,11 @@ func Start(cfg Config) (*Observer, error) {
 		scanner: libcuda.NewScanner(cfg.ProcRoot),
 		stop:    make(chan struct{}),
 	}
+	// The probes name processes by host pid: where ProcRoot numbers them
+	// so, a scan reads only the processes they name, and new ones.
+	if hostPIDs(cfg.ProcRoot) {
+		o.scanner.SetChanges(p.Changed)
+	}
 	// Processes that died while no agent watched leave the view now.
 	o.reapDead()
 	// Read failed-allocation events.
@@ -308,4 +313,14 @@ func (o *Observer) reapDead() {
 			o.log.Warn("reap dead process", "pid", tgid, "err", err)
 		}
 	}
+}
+
+// initPIDNamespace is the inode of the host's (initial) pid namespace.
+const initPIDNamespace = "pid:[4026531836]"
+
+// hostPIDs says whether procRoot numbers processes as the host does: its
+// "self" is a process of the initial pid namespace.
+func hostPIDs(procRoot string) bool {
+	ns, err := os.Readlink(filepath.Join(procRoot, "self", "ns", "pid"))
+	return err == nil && ns == initPIDNamespace
 }

@@ -158,6 +158,7 @@ type gpuwardenUsageVal struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	gpuwardenMapAllocs               = "allocs"
+	gpuwardenMapChanged              = "changed"
 	gpuwardenMapCtxs                 = "ctxs"
 	gpuwardenMapEvents               = "events"
 	gpuwardenMapGeneration           = "generation"
@@ -192,8 +193,10 @@ const (
 	gpuwardenProgMemFree             = "mem_free"
 	gpuwardenProgMemFreeRet          = "mem_free_ret"
 	gpuwardenProgMemRelease          = "mem_release"
+	gpuwardenProgMmapUnlockLayout    = "mmap_unlock_layout"
 	gpuwardenProgOnExec              = "on_exec"
 	gpuwardenProgOnExit              = "on_exit"
+	gpuwardenProgOnMmapUnlock        = "on_mmap_unlock"
 	gpuwardenProgPoolCreate          = "pool_create"
 	gpuwardenProgPoolDefault         = "pool_default"
 	gpuwardenProgPoolDestroy         = "pool_destroy"
@@ -247,35 +250,37 @@ type gpuwardenSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpuwardenProgramSpecs struct {
-	CtxCreate       *ebpf.ProgramSpec `ebpf:"ctx_create"`
-	CtxCreateV3     *ebpf.ProgramSpec `ebpf:"ctx_create_v3"`
-	CtxCreateV4     *ebpf.ProgramSpec `ebpf:"ctx_create_v4"`
-	CtxDestroy      *ebpf.ProgramSpec `ebpf:"ctx_destroy"`
-	CtxGoneRet      *ebpf.ProgramSpec `ebpf:"ctx_gone_ret"`
-	CtxNewRet       *ebpf.ProgramSpec `ebpf:"ctx_new_ret"`
-	CtxPop          *ebpf.ProgramSpec `ebpf:"ctx_pop"`
-	CtxPush         *ebpf.ProgramSpec `ebpf:"ctx_push"`
-	CtxRelease      *ebpf.ProgramSpec `ebpf:"ctx_release"`
-	CtxRetain       *ebpf.ProgramSpec `ebpf:"ctx_retain"`
-	CtxSetCurrent   *ebpf.ProgramSpec `ebpf:"ctx_set_current"`
-	Launch          *ebpf.ProgramSpec `ebpf:"launch"`
-	MemAlloc        *ebpf.ProgramSpec `ebpf:"mem_alloc"`
-	MemAllocAsync   *ebpf.ProgramSpec `ebpf:"mem_alloc_async"`
-	MemAllocManaged *ebpf.ProgramSpec `ebpf:"mem_alloc_managed"`
-	MemAllocPitch   *ebpf.ProgramSpec `ebpf:"mem_alloc_pitch"`
-	MemAllocPool    *ebpf.ProgramSpec `ebpf:"mem_alloc_pool"`
-	MemAllocRet     *ebpf.ProgramSpec `ebpf:"mem_alloc_ret"`
-	MemCreate       *ebpf.ProgramSpec `ebpf:"mem_create"`
-	MemFree         *ebpf.ProgramSpec `ebpf:"mem_free"`
-	MemFreeRet      *ebpf.ProgramSpec `ebpf:"mem_free_ret"`
-	MemRelease      *ebpf.ProgramSpec `ebpf:"mem_release"`
-	OnExec          *ebpf.ProgramSpec `ebpf:"on_exec"`
-	OnExit          *ebpf.ProgramSpec `ebpf:"on_exit"`
-	PoolCreate      *ebpf.ProgramSpec `ebpf:"pool_create"`
-	PoolDefault     *ebpf.ProgramSpec `ebpf:"pool_default"`
-	PoolDestroy     *ebpf.ProgramSpec `ebpf:"pool_destroy"`
-	PoolRet         *ebpf.ProgramSpec `ebpf:"pool_ret"`
-	Reap            *ebpf.ProgramSpec `ebpf:"reap"`
+	CtxCreate        *ebpf.ProgramSpec `ebpf:"ctx_create"`
+	CtxCreateV3      *ebpf.ProgramSpec `ebpf:"ctx_create_v3"`
+	CtxCreateV4      *ebpf.ProgramSpec `ebpf:"ctx_create_v4"`
+	CtxDestroy       *ebpf.ProgramSpec `ebpf:"ctx_destroy"`
+	CtxGoneRet       *ebpf.ProgramSpec `ebpf:"ctx_gone_ret"`
+	CtxNewRet        *ebpf.ProgramSpec `ebpf:"ctx_new_ret"`
+	CtxPop           *ebpf.ProgramSpec `ebpf:"ctx_pop"`
+	CtxPush          *ebpf.ProgramSpec `ebpf:"ctx_push"`
+	CtxRelease       *ebpf.ProgramSpec `ebpf:"ctx_release"`
+	CtxRetain        *ebpf.ProgramSpec `ebpf:"ctx_retain"`
+	CtxSetCurrent    *ebpf.ProgramSpec `ebpf:"ctx_set_current"`
+	Launch           *ebpf.ProgramSpec `ebpf:"launch"`
+	MemAlloc         *ebpf.ProgramSpec `ebpf:"mem_alloc"`
+	MemAllocAsync    *ebpf.ProgramSpec `ebpf:"mem_alloc_async"`
+	MemAllocManaged  *ebpf.ProgramSpec `ebpf:"mem_alloc_managed"`
+	MemAllocPitch    *ebpf.ProgramSpec `ebpf:"mem_alloc_pitch"`
+	MemAllocPool     *ebpf.ProgramSpec `ebpf:"mem_alloc_pool"`
+	MemAllocRet      *ebpf.ProgramSpec `ebpf:"mem_alloc_ret"`
+	MemCreate        *ebpf.ProgramSpec `ebpf:"mem_create"`
+	MemFree          *ebpf.ProgramSpec `ebpf:"mem_free"`
+	MemFreeRet       *ebpf.ProgramSpec `ebpf:"mem_free_ret"`
+	MemRelease       *ebpf.ProgramSpec `ebpf:"mem_release"`
+	MmapUnlockLayout *ebpf.ProgramSpec `ebpf:"mmap_unlock_layout"`
+	OnExec           *ebpf.ProgramSpec `ebpf:"on_exec"`
+	OnExit           *ebpf.ProgramSpec `ebpf:"on_exit"`
+	OnMmapUnlock     *ebpf.ProgramSpec `ebpf:"on_mmap_unlock"`
+	PoolCreate       *ebpf.ProgramSpec `ebpf:"pool_create"`
+	PoolDefault      *ebpf.ProgramSpec `ebpf:"pool_default"`
+	PoolDestroy      *ebpf.ProgramSpec `ebpf:"pool_destroy"`
+	PoolRet          *ebpf.ProgramSpec `ebpf:"pool_ret"`
+	Reap             *ebpf.ProgramSpec `ebpf:"reap"`
 }
 
 // gpuwardenMapSpecs contains maps before they are loaded into the kernel.
@@ -283,6 +288,7 @@ type gpuwardenProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpuwardenMapSpecs struct {
 	Allocs     *ebpf.MapSpec `ebpf:"allocs"`
+	Changed    *ebpf.MapSpec `ebpf:"changed"`
 	Ctxs       *ebpf.MapSpec `ebpf:"ctxs"`
 	Events     *ebpf.MapSpec `ebpf:"events"`
 	Generation *ebpf.MapSpec `ebpf:"generation"`
@@ -328,6 +334,7 @@ func (o *gpuwardenObjects) Close() error {
 // It can be passed to loadGpuwardenObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpuwardenMaps struct {
 	Allocs     *ebpf.Map `ebpf:"allocs"`
+	Changed    *ebpf.Map `ebpf:"changed"`
 	Ctxs       *ebpf.Map `ebpf:"ctxs"`
 	Events     *ebpf.Map `ebpf:"events"`
 	Generation *ebpf.Map `ebpf:"generation"`
@@ -345,6 +352,7 @@ type gpuwardenMaps struct {
 func (m *gpuwardenMaps) Close() error {
 	return _GpuwardenClose(
 		m.Allocs,
+		m.Changed,
 		m.Ctxs,
 		m.Events,
 		m.Generation,
@@ -374,35 +382,37 @@ type gpuwardenVariables struct {
 //
 // It can be passed to loadGpuwardenObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpuwardenPrograms struct {
-	CtxCreate       *ebpf.Program `ebpf:"ctx_create"`
-	CtxCreateV3     *ebpf.Program `ebpf:"ctx_create_v3"`
-	CtxCreateV4     *ebpf.Program `ebpf:"ctx_create_v4"`
-	CtxDestroy      *ebpf.Program `ebpf:"ctx_destroy"`
-	CtxGoneRet      *ebpf.Program `ebpf:"ctx_gone_ret"`
-	CtxNewRet       *ebpf.Program `ebpf:"ctx_new_ret"`
-	CtxPop          *ebpf.Program `ebpf:"ctx_pop"`
-	CtxPush         *ebpf.Program `ebpf:"ctx_push"`
-	CtxRelease      *ebpf.Program `ebpf:"ctx_release"`
-	CtxRetain       *ebpf.Program `ebpf:"ctx_retain"`
-	CtxSetCurrent   *ebpf.Program `ebpf:"ctx_set_current"`
-	Launch          *ebpf.Program `ebpf:"launch"`
-	MemAlloc        *ebpf.Program `ebpf:"mem_alloc"`
-	MemAllocAsync   *ebpf.Program `ebpf:"mem_alloc_async"`
-	MemAllocManaged *ebpf.Program `ebpf:"mem_alloc_managed"`
-	MemAllocPitch   *ebpf.Program `ebpf:"mem_alloc_pitch"`
-	MemAllocPool    *ebpf.Program `ebpf:"mem_alloc_pool"`
-	MemAllocRet     *ebpf.Program `ebpf:"mem_alloc_ret"`
-	MemCreate       *ebpf.Program `ebpf:"mem_create"`
-	MemFree         *ebpf.Program `ebpf:"mem_free"`
-	MemFreeRet      *ebpf.Program `ebpf:"mem_free_ret"`
-	MemRelease      *ebpf.Program `ebpf:"mem_release"`
-	OnExec          *ebpf.Program `ebpf:"on_exec"`
-	OnExit          *ebpf.Program `ebpf:"on_exit"`
-	PoolCreate      *ebpf.Program `ebpf:"pool_create"`
-	PoolDefault     *ebpf.Program `ebpf:"pool_default"`
-	PoolDestroy     *ebpf.Program `ebpf:"pool_destroy"`
-	PoolRet         *ebpf.Program `ebpf:"pool_ret"`
-	Reap            *ebpf.Program `ebpf:"reap"`
+	CtxCreate        *ebpf.Program `ebpf:"ctx_create"`
+	CtxCreateV3      *ebpf.Program `ebpf:"ctx_create_v3"`
+	CtxCreateV4      *ebpf.Program `ebpf:"ctx_create_v4"`
+	CtxDestroy       *ebpf.Program `ebpf:"ctx_destroy"`
+	CtxGoneRet       *ebpf.Program `ebpf:"ctx_gone_ret"`
+	CtxNewRet        *ebpf.Program `ebpf:"ctx_new_ret"`
+	CtxPop           *ebpf.Program `ebpf:"ctx_pop"`
+	CtxPush          *ebpf.Program `ebpf:"ctx_push"`
+	CtxRelease       *ebpf.Program `ebpf:"ctx_release"`
+	CtxRetain        *ebpf.Program `ebpf:"ctx_retain"`
+	CtxSetCurrent    *ebpf.Program `ebpf:"ctx_set_current"`
+	Launch           *ebpf.Program `ebpf:"launch"`
+	MemAlloc         *ebpf.Program `ebpf:"mem_alloc"`
+	MemAllocAsync    *ebpf.Program `ebpf:"mem_alloc_async"`
+	MemAllocManaged  *ebpf.Program `ebpf:"mem_alloc_managed"`
+	MemAllocPitch    *ebpf.Program `ebpf:"mem_alloc_pitch"`
+	MemAllocPool     *ebpf.Program `ebpf:"mem_alloc_pool"`
+	MemAllocRet      *ebpf.Program `ebpf:"mem_alloc_ret"`
+	MemCreate        *ebpf.Program `ebpf:"mem_create"`
+	MemFree          *ebpf.Program `ebpf:"mem_free"`
+	MemFreeRet       *ebpf.Program `ebpf:"mem_free_ret"`
+	MemRelease       *ebpf.Program `ebpf:"mem_release"`
+	MmapUnlockLayout *ebpf.Program `ebpf:"mmap_unlock_layout"`
+	OnExec           *ebpf.Program `ebpf:"on_exec"`
+	OnExit           *ebpf.Program `ebpf:"on_exit"`
+	OnMmapUnlock     *ebpf.Program `ebpf:"on_mmap_unlock"`
+	PoolCreate       *ebpf.Program `ebpf:"pool_create"`
+	PoolDefault      *ebpf.Program `ebpf:"pool_default"`
+	PoolDestroy      *ebpf.Program `ebpf:"pool_destroy"`
+	PoolRet          *ebpf.Program `ebpf:"pool_ret"`
+	Reap             *ebpf.Program `ebpf:"reap"`
 }
 
 func (p *gpuwardenPrograms) Close() error {
@@ -429,8 +439,10 @@ func (p *gpuwardenPrograms) Close() error {
 		p.MemFree,
 		p.MemFreeRet,
 		p.MemRelease,
+		p.MmapUnlockLayout,
 		p.OnExec,
 		p.OnExit,
+		p.OnMmapUnlock,
 		p.PoolCreate,
 		p.PoolDefault,
 		p.PoolDestroy,

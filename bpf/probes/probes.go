@@ -29,6 +29,9 @@ type Probes struct {
 	pinDir string
 	log    *slog.Logger
 	exits  []link.Link
+	// mapping names the processes whose mappings change (Changed); nil
+	// where the kernel has not the tracepoint.
+	mapping link.Link
 }
 
 // Open loads the programs and maps. With pinDir set, maps are pinned there
@@ -106,6 +109,9 @@ func Open(pinDir string, log *slog.Logger) (*Probes, error) {
 		}
 		p.exits = append(p.exits, l)
 	}
+	if err := p.attachChanged(); err != nil {
+		log.Info("processes that change their mappings are not named: the libcuda scan checks every process", "err", err)
+	}
 	return p, nil
 }
 
@@ -119,7 +125,10 @@ func (p *Probes) Close() error {
 	for _, l := range p.exits {
 		l.Close()
 	}
-	p.exits = nil
+	if p.mapping != nil {
+		p.mapping.Close()
+	}
+	p.exits, p.mapping = nil, nil
 	return p.objs.Close()
 }
 

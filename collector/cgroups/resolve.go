@@ -106,13 +106,22 @@ func OfProcess(procRoot string, pid int) (string, error) {
 // minWalk, so an unknown id costs nothing when asked about repeatedly. A
 // known id is checked again (one stat) when its last check is older than
 // recheck, so a removed cgroup stops resolving within that time.
+//
+// Ids are handed out in increasing order and never reused (kernfs), so an
+// id below the highest a walk found, and not found, belongs to a removed
+// cgroup: it is not walked for again for gone (the eBPF view keeps removed
+// containers' ids for a while). An id above it may be a cgroup made after
+// the walk, or one a container names in its ledger ahead of time: it is
+// walked for again, so no container can make a future id unresolvable.
 type Resolver struct {
-	root             string
-	minWalk, recheck time.Duration
+	root                   string
+	minWalk, recheck, gone time.Duration
 
 	mu       sync.Mutex
 	byID     map[uint64]known
 	lastWalk time.Time
+	maxID    uint64               // the highest id the last walk found
+	removed  map[uint64]time.Time // ids below maxID a walk did not find, and when
 }
 
 type known struct {
@@ -122,7 +131,8 @@ type known struct {
 
 // NewResolver resolves ids under root, the cgroup2 mount.
 func NewResolver(root string) *Resolver {
-	return &Resolver{root: root, minWalk: time.Second, recheck: 3 * time.Second, byID: map[uint64]known{}}
+	return &Resolver{root: root, minWalk: time.Second, recheck: 3 * time.Second, gone: time.Minute, byID: map[uint64]known{},
+		removed: map[uint64]time.Time{}}
 }
 
 // Path returns the cgroup path ("/kubepods/...") of id, or false if no
@@ -141,11 +151,17 @@ func (r *Resolver) Path(id uint64) (string, bool) {
 		}
 		delete(r.byID, id) // removed (or replaced) since the last walk
 	}
+	if at, ok := r.removed[id]; ok && now.Sub(at) < r.gone {
+		return "", false
+	}
 	if now.Sub(r.lastWalk) < r.minWalk {
 		return "", false
 	}
 	r.walkLocked()
 	k, ok := r.byID[id]
+	if !ok && id < r.maxID {
+		r.removed[id] = r.lastWalk
+	}
 	return k.path, ok
 }
 
@@ -174,6 +190,7 @@ func (r *Resolver) Paths() []string {
 func (r *Resolver) walkLocked() {
 	r.lastWalk = time.Now()
 	byID := make(map[uint64]known, len(r.byID))
+	var maxID uint64
 	_ = filepath.WalkDir(r.root, func(p string, d fs.DirEntry, err error) error {
 		if err != nil || !d.IsDir() {
 			return nil // a cgroup removed mid-walk is simply gone
@@ -188,10 +205,16 @@ func (r *Resolver) walkLocked() {
 		}
 		rel, _ := filepath.Rel(r.root, p)
 		byID[st.Ino] = known{"/" + strings.TrimPrefix(filepath.ToSlash(rel), "."), r.lastWalk}
+		maxID = max(maxID, st.Ino)
 		return nil
 	})
 	byID[r.rootID()] = known{"/", r.lastWalk}
-	r.byID = byID
+	r.byID, r.maxID = byID, maxID
+	for id, at := range r.removed {
+		if _, ok := byID[id]; ok || r.lastWalk.Sub(at) >= r.gone {
+			delete(r.removed, id)
+		}
+	}
 }
 
 func (r *Resolver) rootID() uint64 {

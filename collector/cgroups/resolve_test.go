@@ -54,6 +54,40 @@ func TestResolverFindsTestCgroup(t *testing.T) {
 	}
 }
 
+// A removed cgroup's id (below one the walk found) is not walked for again;
+// an id above every one found is: it may be a cgroup made since.
+func TestResolverRemembersRemovedIDs(t *testing.T) {
+	mnt, err := cgroups.Mount("/proc/self/mountinfo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	removed := simtest.NewCgroup(t, "removed")
+	newer := simtest.NewCgroup(t, "newer")
+	r := cgroups.NewResolver(mnt)
+	r.NoWait()
+	if _, ok := r.Path(removed.ID); !ok {
+		t.Fatal("a cgroup does not resolve")
+	}
+	if err := os.Remove(removed.Path); err != nil {
+		t.Fatal(err)
+	}
+	if p, ok := r.Path(removed.ID); ok {
+		t.Fatalf("a removed cgroup resolves to %q", p)
+	}
+	walked := r.Walked()
+	if _, ok := r.Path(removed.ID); ok || r.Walked() != walked {
+		t.Error("a removed cgroup's id was walked for again")
+	}
+	if p, ok := r.Path(newer.ID); !ok || p != newer.Rel {
+		t.Errorf("Path(%d) = %q, %v; want %q", newer.ID, p, ok, newer.Rel)
+	}
+	walked = r.Walked()
+	later := simtest.NewCgroup(t, "later")
+	if p, ok := r.Path(later.ID); !ok || p != later.Rel || r.Walked() == walked {
+		t.Errorf("a cgroup made after the walk: Path = %q, %v; want %q from a new walk", p, ok, later.Rel)
+	}
+}
+
 func TestMountErrors(t *testing.T) {
 	f := t.TempDir() + "/mountinfo"
 	if err := os.WriteFile(f, []byte("22 1 0:21 / /proc rw - proc proc rw\n"), 0o644); err != nil {

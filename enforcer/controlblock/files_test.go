@@ -156,11 +156,11 @@ func TestUsageFileSurvivesTruncation(t *testing.T) {
 	u, err := OpenUsage(p)
 	must(t, err)
 	defer u.Close()
-	if u.Issued(0) != 7 || u.Reserved(0) != 3<<30 {
-		t.Fatalf("issued %d reserved %d", u.Issued(0), u.Reserved(0))
+	if u.Issued(0) != 7 || u.Reserved(0) != 3<<30 || u.ReservedAll()[0] != 3<<30 {
+		t.Fatalf("issued %d reserved %d, all %v", u.Issued(0), u.Reserved(0), u.ReservedAll())
 	}
 	must(t, os.Truncate(p, 0))
-	if u.Issued(0) != 0 || u.Reserved(0) != 0 {
+	if u.Issued(0) != 0 || u.Reserved(0) != 0 || u.ReservedAll() != [MaxDevices]uint64{} {
 		t.Error("a truncated ledger reads other than zero")
 	}
 	if _, err := u.Snapshot(); !errors.Is(err, ErrLedgerShrank) {

@@ -232,6 +232,18 @@ func (f *UsageFile) Reserved(dev int) uint64 {
 	return f.load(counter(unsafe.Offsetof(Usage{}.ReservedBytes), dev))
 }
 
+// ReservedAll reads every device's reserved bytes (unvalidated) under one
+// fault guard; a ledger that shrank reads zero from where it ends.
+func (f *UsageFile) ReservedAll() (out [MaxDevices]uint64) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer recoverFault()
+	base := unsafe.Offsetof(Usage{}.ReservedBytes)
+	for d := range out {
+		out[d] = atomic.LoadUint64((*uint64)(unsafe.Pointer(&f.mem[base+8*uintptr(d)])))
+	}
+	return out
+}
+
 // Issued reads device dev's gate tickets taken (unvalidated), which the
 // agent adds its budget to when it raises the grant.
 func (f *UsageFile) Issued(dev int) uint64 {

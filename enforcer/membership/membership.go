@@ -255,8 +255,8 @@ func (e *Enforcement) unchanged(dir string) bool {
 		return false
 	}
 	n := 0
-	for d := 0; d < controlblock.MaxDevices; d++ {
-		if m.usage.Reserved(d) > 0 {
+	for d, r := range m.usage.ReservedAll() {
+		if r > 0 {
 			if n >= len(m.used) || m.used[n] != d {
 				return false
 			}

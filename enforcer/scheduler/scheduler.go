@@ -30,8 +30,9 @@
 // and at idle ones in turns (Config.IdlePoll); shares are planned again only
 // when a container's busy state, settings or presence change. While no
 // container uses or waits for any GPU, and every GPU is shared by many
-// (idleBatch or more), the loop ticks every quietTicks ticks instead: a
-// wakeup costs more than the few reads it makes.
+// (idleBatch or more), the loop ticks every Config.IdlePoll instead,
+// looking at every idle container each time: a wakeup costs more than the
+// few reads it makes.
 //
 // A dead agent never stops the workloads: the loop writes each container's
 // heartbeat; if the agent dies the interposer lets launches through after the
@@ -422,16 +423,11 @@ func (s *Scheduler) loop(stop, done chan struct{}) {
 		}
 		next := s.cfg.Tick
 		if s.tick(now, busy) {
-			next = max(next, min(next*quietTicks, s.cfg.IdlePoll/2))
+			next = max(next, s.cfg.IdlePoll)
 		}
 		t.Reset(next - time.Since(now))
 	}
 }
-
-// quietTicks: how many ticks long the loop waits while every GPU is quiet
-// (at most half of Config.IdlePoll: an idle container's launch still waits
-// at most about Config.IdlePoll).
-const quietTicks = 10
 
 // tick runs one round for every GPU; busy is a new measurement or nil. It
 // says whether every GPU is quiet.
