@@ -131,11 +131,10 @@ func benchRemote(o benchOptions, stdout io.Writer) error {
 			return err
 		}
 	}
-	// One synchronous call's round trip: a zero-length launch and two
-	// synchronizes a step, the second a pure round trip.
-	rt := figure{prog: "simgpu/workload", key: "workload_steps_per_sec", name: "sync_round_trip_us", unit: "us",
-		args:      []string{"--kernels", "1", "--kernel-ns", "0", "--sync-every-launch", "--steps", "2000"},
-		transform: func(stepsPerSec float64) float64 { return 1e6 / stepsPerSec / 2 }}
+	// One synchronous call's round trip: cuCtxSynchronize on an idle
+	// context, nothing queued before it. A time, not a rate: no ratio row.
+	rt := figure{prog: "interposer/gw-remote", args: []string{"roundtrip", "2000"}, key: "sync_call_us",
+		name: "sync_round_trip_us", unit: "us", transform: func(us float64) float64 { return us }}
 	if err := r.compare(rt, stdout); err != nil {
 		return err
 	}
