@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"path/filepath"
+	"slices"
 	"time"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
@@ -397,7 +398,7 @@ func (j *joiner) addLedger(cg uint64, l *ledger) {
 			}
 		}
 		procs[k] = append(procs[k], p)
-		if e := j.entries[k]; !containsPID(e.PIDs, int(p.Pid)) {
+		if e := j.entries[k]; !slices.Contains(e.PIDs, int(p.Pid)) {
 			e.PIDs = append(e.PIDs, int(p.Pid))
 		}
 	}
@@ -448,15 +449,6 @@ func byIndex[T any](j *joiner, m map[GPUKey]T) map[Key]T {
 		}
 	}
 	return out
-}
-
-func containsPID(pids []int, pid int) bool {
-	for _, p := range pids {
-		if p == pid {
-			return true
-		}
-	}
-	return false
 }
 
 // name labels a container: a remote session by its client, else from the

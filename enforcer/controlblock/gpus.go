@@ -1,6 +1,9 @@
 package controlblock
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // UUIDString spells a CUDA UUID as NVML does: "GPU-" and 32 hex digits in
 // groups of 8-4-4-4-12.
@@ -28,18 +31,9 @@ func (s *UsageSnapshot) GPUs(node []string) [MaxDevices]string {
 			continue
 		}
 		u := UUIDString(s.DevUUID[d])
-		if node == nil || contains(node, u) {
+		if node == nil || slices.Contains(node, u) {
 			out[d] = u
 		}
 	}
 	return out
-}
-
-func contains(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
