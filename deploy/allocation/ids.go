@@ -9,6 +9,7 @@ package allocation
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -211,18 +212,9 @@ func Preferred(available, mustInclude []string, size int) ([]string, error) {
 		out[i] = ids[i].String()
 	}
 	for s := range must {
-		if !contains(out, s) {
+		if !slices.Contains(out, s) {
 			return nil, fmt.Errorf("required device %s is not available", s)
 		}
 	}
 	return out, nil
-}
-
-func contains(l []string, s string) bool {
-	for _, x := range l {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
