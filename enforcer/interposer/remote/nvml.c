@@ -63,29 +63,8 @@ GWR_EXPORT nvmlReturn_t nvmlInit(void) { return init(0); }
 GWR_EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) { return init(flags); }
 GWR_EXPORT nvmlReturn_t nvmlShutdown(void) { return call(GWR_NVML_SHUTDOWN, 0, 0, 0, NULL, NULL, 0, NULL); }
 
-GWR_EXPORT const char *nvmlErrorString(nvmlReturn_t result) {
-    switch (result) {
-    case NVML_SUCCESS: return "Success";
-    case NVML_ERROR_UNINITIALIZED: return "Uninitialized";
-    case NVML_ERROR_INVALID_ARGUMENT: return "Invalid Argument";
-    case NVML_ERROR_NOT_SUPPORTED: return "Not Supported";
-    case NVML_ERROR_NO_PERMISSION: return "Insufficient Permissions";
-    case NVML_ERROR_ALREADY_INITIALIZED: return "Already Initialized";
-    case NVML_ERROR_NOT_FOUND: return "Not Found";
-    case NVML_ERROR_INSUFFICIENT_SIZE: return "Insufficient Size";
-    case NVML_ERROR_DRIVER_NOT_LOADED: return "Driver Not Loaded";
-    case NVML_ERROR_TIMEOUT: return "Timeout";
-    case NVML_ERROR_LIBRARY_NOT_FOUND: return "NVML Shared Library Not Found";
-    case NVML_ERROR_FUNCTION_NOT_FOUND: return "Function Not Found";
-    case NVML_ERROR_GPU_IS_LOST: return "GPU is lost";
-    case NVML_ERROR_MEMORY: return "Insufficient Memory";
-    case NVML_ERROR_NO_DATA: return "No data";
-    case NVML_ERROR_ARGUMENT_VERSION_MISMATCH: return "Argument version mismatch";
-    case NVML_ERROR_NOT_READY: return "Not Ready";
-    case NVML_ERROR_GPU_NOT_FOUND: return "GPU not found";
-    default: return "Unknown Error";
-    }
-}
+/* Error texts: the table shared with simgpu. */
+#include "nvml_errors.h"
 
 static nvmlReturn_t string(uint32_t fn, unsigned index, char *dst, unsigned int length) {
     char tmp[256];
