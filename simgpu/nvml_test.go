@@ -540,6 +540,8 @@ func TestNVMLHeaderCompat(t *testing.T) {
 
 	// Compiling simgpu's sources against NVIDIA's header makes every
 	// definition whose signature differs from NVIDIA's a compile error.
+	// simgpu/include comes after NVIDIA's directory for the header simgpu
+	// shares with the remote client (nvml_errors.h); nvml.h stays NVIDIA's.
 	t.Run("signatures", func(t *testing.T) {
 		srcs, _ := filepath.Glob(filepath.Join(root, "simgpu/nvml/*.c"))
 		if len(srcs) == 0 {
@@ -547,7 +549,7 @@ func TestNVMLHeaderCompat(t *testing.T) {
 		}
 		for _, src := range srcs {
 			gcc(t, root, "-std=gnu11", "-fsyntax-only", "-Wall", "-Wextra", "-Werror", "-fvisibility=hidden",
-				"-DNVML_NO_UNVERSIONED_FUNC_DEFS", "-I"+nvidia, "-Isimgpu/state", src)
+				"-DNVML_NO_UNVERSIONED_FUNC_DEFS", "-I"+nvidia, "-Isimgpu/state", "-Isimgpu/include", src)
 		}
 	})
 

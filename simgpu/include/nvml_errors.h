@@ -2,11 +2,11 @@
  * libnvidia-ml.so.1 and gpuwarden's remote client answer with the texts
  * NVIDIA's library returns, so logs read the same with any of them.
  *
- * Include it in one .c file of the library, after nvml.h. */
+ * Include it in one .c file of the library, after nvml.h: it includes no
+ * nvml.h of its own, so that simgpu's sources can be compiled against
+ * NVIDIA's header (simgpu's TestNVMLHeaderCompat). */
 #ifndef NVML_ERRORS_H
 #define NVML_ERRORS_H
-
-#include "nvml.h"
 
 #define NVML_ERRORS_EXPORT __attribute__((visibility("default")))
 
