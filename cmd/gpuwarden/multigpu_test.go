@@ -42,6 +42,22 @@ type podOnGPU struct {
 	w    *simtest.Proc
 }
 
+// gpuUUIDs is each GPU's UUID by NVML index, as the agent lists them; the
+// agent must list gpus GPUs.
+func gpuUUIDs(t *testing.T, agent *simtest.Agent, gpus int) []string {
+	t.Helper()
+	var devs agentapi.DevicesResponse
+	agent.GetJSON(t, "/api/v1/devices", &devs)
+	if len(devs.Devices) != gpus {
+		t.Fatalf("NVML lists %d GPUs, want %d", len(devs.Devices), gpus)
+	}
+	uuids := make([]string, gpus)
+	for _, d := range devs.Devices {
+		uuids[d.Index] = d.UUID
+	}
+	return uuids
+}
+
 func startMultiGPUNode(t *testing.T, gpus, maxInst int) *multiGPUNode {
 	t.Helper()
 	n := &multiGPUNode{m: simtest.NewMachine(t, gpus, "16Gi"), kl: kubelettest.StartDevicePlugins(t),
@@ -52,15 +68,7 @@ func startMultiGPUNode(t *testing.T, gpus, maxInst int) *multiGPUNode {
 		fmt.Sprintf("GPUWARDEN_DEVICE_PLUGIN_MAX_INST=%d", maxInst),
 		"GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET="+n.pr.Socket, "GPUWARDEN_NODE_NAME=node-m")
 	n.kl.WaitDevices(t, allocation.ResourceGPU, func(d []*pluginapi.Device) bool { return len(d) == gpus*maxInst })
-	var devs agentapi.DevicesResponse
-	n.agent.GetJSON(t, "/api/v1/devices", &devs)
-	if len(devs.Devices) != gpus {
-		t.Fatalf("NVML lists %d GPUs, want %d", len(devs.Devices), gpus)
-	}
-	n.uuids = make([]string, gpus)
-	for _, d := range devs.Devices {
-		n.uuids[d.Index] = d.UUID
-	}
+	n.uuids = gpuUUIDs(t, n.agent, gpus)
 	mnt, err := cgroups.Mount("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)
@@ -287,12 +295,7 @@ func TestAgentSchedulesContainerOnTwoGPUs(t *testing.T) {
 	simtest.RequirePrivileged(t, "eBPF and cgroups")
 	m := simtest.NewMachine(t, 3, "16Gi")
 	agent := simtest.StartAgent(t, m)
-	var devs agentapi.DevicesResponse
-	agent.GetJSON(t, "/api/v1/devices", &devs)
-	uuids := map[int]string{}
-	for _, d := range devs.Devices {
-		uuids[d.Index] = d.UUID
-	}
+	uuids := gpuUUIDs(t, agent, 3)
 	cg := simtest.NewCgroup(t, "two")
 	ordinalGPU := []int{2, 0} // the container's ordinal 0 is GPU 2, ordinal 1 GPU 0
 	pids := map[int]int{}     // GPU -> pid
@@ -347,12 +350,7 @@ func TestOneProcessLaunchesReportedPerGPU(t *testing.T) {
 	simtest.RequirePrivileged(t, "eBPF and cgroups")
 	m := simtest.NewMachine(t, 3, "16Gi")
 	agent := simtest.StartAgent(t, m)
-	var devs agentapi.DevicesResponse
-	agent.GetJSON(t, "/api/v1/devices", &devs)
-	uuids := map[int]string{}
-	for _, d := range devs.Devices {
-		uuids[d.Index] = d.UUID
-	}
+	uuids := gpuUUIDs(t, agent, 3)
 	cg := simtest.NewCgroup(t, "split")
 	const steps, onFirst, onSecond = 400, 6, 2
 	// It idles a while first, so that its launches are made under the
