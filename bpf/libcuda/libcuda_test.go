@@ -181,15 +181,7 @@ func TestScanRereadsChangedProcesses(t *testing.T) {
 	first := fakeProcess(t, proc, "42", "/opt/libcuda.so.1", 9)
 	writeStatm(t, proc, "42", 256)
 	s := NewScanner(proc)
-	has := func(lib string) bool {
-		found, err := s.Scan()
-		if err != nil {
-			t.Fatal(err)
-		}
-		id, _ := Identify(lib)
-		_, ok := found[id]
-		return ok
-	}
+	has := func(lib string) bool { return scanFinds(t, s, lib) }
 	if !has(first) {
 		t.Fatal("first scan: the library was not found")
 	}
@@ -225,15 +217,7 @@ func TestScanAsksChanges(t *testing.T) {
 	var named map[int]bool
 	all := false
 	s.SetChanges(func() (map[int]bool, bool, error) { return named, all, nil })
-	has := func(lib string) bool {
-		found, err := s.Scan()
-		if err != nil {
-			t.Fatal(err)
-		}
-		id, _ := Identify(lib)
-		_, ok := found[id]
-		return ok
-	}
+	has := func(lib string) bool { return scanFinds(t, s, lib) }
 	if !has(first) {
 		t.Fatal("a new process was not read")
 	}
@@ -318,4 +302,16 @@ func TestReadSize(t *testing.T) {
 	if v, ok := readSize(self); !ok || v == 0 {
 		t.Errorf("readSize(/proc/self/statm) = %d, %v", v, ok)
 	}
+}
+
+// scanFinds runs one scan and says whether it found the library at lib.
+func scanFinds(t *testing.T, s *Scanner, lib string) bool {
+	t.Helper()
+	found, err := s.Scan()
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, _ := Identify(lib)
+	_, ok := found[id]
+	return ok
 }
