@@ -2,7 +2,6 @@ package collector
 
 import (
 	"context"
-	"os"
 	"path/filepath"
 	"slices"
 	"time"
@@ -158,10 +157,7 @@ func (j *joiner) readLedgers() (out map[uint64]*ledger, rejected []*ledger) {
 	if j.c.src.ControlDir == "" {
 		return out, nil
 	}
-	dirs, err := os.ReadDir(j.c.src.ControlDir)
-	if os.IsNotExist(err) {
-		err = nil // no container has run under the interposer yet
-	}
+	dirs, _, err := j.c.dirs.Names() // none: no container has run under the interposer yet
 	if !j.source("ledger", err) {
 		return out, nil
 	}
@@ -175,28 +171,25 @@ func (j *joiner) readLedgers() (out map[uint64]*ledger, rejected []*ledger) {
 			}
 		}
 	}()
-	for _, d := range dirs {
-		if !d.IsDir() {
-			continue
-		}
-		seen[d.Name()] = true
-		l, err := j.c.ledgers.read(j.c.src.ControlDir, d.Name())
+	for _, dir := range dirs {
+		seen[dir] = true
+		l, err := j.c.ledgers.read(j.c.src.ControlDir, dir)
 		if err != nil {
-			j.c.log.Debug("skipping ledger", "dir", d.Name(), "err", err)
+			j.c.log.Debug("skipping ledger", "dir", dir, "err", err)
 			continue
 		}
 		j.place(l)
 		if j.c.src.Claims == nil {
 			continue
 		}
-		if _, err := j.c.src.Claims.Verify(d.Name(), l.usage, j.assigned()); err != nil {
-			j.c.log.Debug("ledger's cgroup claim refused", "dir", d.Name(), "cgroup", l.usage.CgroupID, "err", err)
+		if _, err := j.c.src.Claims.Verify(dir, l.usage, j.assigned()); err != nil {
+			j.c.log.Debug("ledger's cgroup claim refused", "dir", dir, "cgroup", l.usage.CgroupID, "err", err)
 			l.refused = err
 			rejected = append(rejected, l)
 			continue
 		}
 		if out[l.usage.CgroupID] != nil {
-			j.c.log.Warn("two ledgers vouch for one cgroup; the second is ignored", "dir", d.Name(), "cgroup", l.usage.CgroupID)
+			j.c.log.Warn("two ledgers vouch for one cgroup; the second is ignored", "dir", dir, "cgroup", l.usage.CgroupID)
 			continue
 		}
 		out[l.usage.CgroupID] = l

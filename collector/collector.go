@@ -85,6 +85,7 @@ type Collector struct {
 	// unknown UUID.
 	unmapped map[string]bool
 	ledgers  ledgerFiles
+	dirs     *controlblock.Dirs // the container directories under src.ControlDir
 	judge    judge
 	procIDs  map[int]gpuProc           // GPU processes identified, by host pid
 	labels   atomic.Pointer[LabelFunc] // the last view's, for Assigned
@@ -96,7 +97,8 @@ func New(node, version string, src Sources, log *slog.Logger) *Collector {
 		src.ProcRoot = "/proc"
 	}
 	return &Collector{node: node, src: src, version: version, log: log, maxAge: time.Second,
-		totals: map[Key]*controlblock.ProcTotals{}, unmapped: map[string]bool{}, judge: newJudge()}
+		totals: map[Key]*controlblock.ProcTotals{}, unmapped: map[string]bool{}, judge: newJudge(),
+		dirs: controlblock.NewDirs(src.ControlDir)}
 }
 
 // View returns the current view, reading the sources at most once per

@@ -8,7 +8,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"os"
 	"slices"
 	"sync"
 	"time"
@@ -55,6 +54,9 @@ type Enforcement struct {
 	mu       sync.Mutex
 	members  map[string]*member // by control-block directory
 	unmapped map[string]bool    // directories already logged for a GPU of unknown UUID
+	dirs     *controlblock.Dirs
+	listed   uint64   // the generation of dirs last looked at whole
+	pending  []string // its directories not taken on then
 	stop     context.CancelFunc
 	done     chan struct{}
 }
@@ -77,7 +79,8 @@ type member struct {
 // Start starts the scheduler with the saved GPU settings and takes in
 // containers until Close.
 func Start(cfg Config) *Enforcement {
-	e := &Enforcement{cfg: cfg, members: map[string]*member{}, unmapped: map[string]bool{}, done: make(chan struct{})}
+	e := &Enforcement{cfg: cfg, members: map[string]*member{}, unmapped: map[string]bool{}, done: make(chan struct{}),
+		dirs: controlblock.NewDirs(cfg.ControlDir)}
 	var src scheduler.Source
 	if cfg.NVML != nil {
 		src = scheduler.NewNVMLSource(cfg.NVML, e.keyOfPid)
@@ -141,8 +144,11 @@ func (e *Enforcement) loop(ctx context.Context) {
 	defer close(e.done)
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
-	for {
-		e.discover()
+	for round := 0; ; round++ {
+		// New containers are taken on within half a second; members are
+		// looked at again (their GPUs, their cgroup) every 2 s: a thousand
+		// of them twice a second would cost more than it holds.
+		e.discover(round%4 == 0)
 		select {
 		case <-ctx.Done():
 			return
@@ -152,25 +158,37 @@ func (e *Enforcement) loop(ctx context.Context) {
 }
 
 // discover adds every container whose ledger is new and verified and
-// removes those that are gone.
-func (e *Enforcement) discover() {
-	dirs, _ := os.ReadDir(e.cfg.ControlDir)
-	seen := map[string]bool{}
+// removes those whose directory is gone; with members, it also follows the
+// GPUs members use and removes those whose cgroup is gone.
+func (e *Enforcement) discover(members bool) {
+	dirs, gen, err := e.dirs.Names()
+	if err != nil { // keep every member until it can be read again
+		e.cfg.Log.Warn("list the control directory", "err", err)
+		return
+	}
 	// The node's GPUs are listed once a round, when a container needs them.
 	nodeGPUs := sync.OnceValues(e.NodeGPUs)
-	for _, d := range dirs {
-		if !d.IsDir() {
+	if !members && gen == e.listed {
+		// The same directories: only those not taken on yet may change.
+		for _, dir := range e.pending {
+			e.trackLogged(dir, nodeGPUs)
+		}
+		e.pending = e.notMembers(e.pending)
+		return
+	}
+	seen := make(map[string]bool, len(dirs))
+	for _, dir := range dirs {
+		seen[dir] = true
+		if !members && e.isMember(dir) {
 			continue
 		}
-		seen[d.Name()] = true
-		if err := e.track(d.Name(), nodeGPUs); err != nil {
-			e.cfg.Log.Debug("not enforcing", "dir", d.Name(), "err", err)
-		}
+		e.trackLogged(dir, nodeGPUs)
 	}
+	e.listed, e.pending = gen, e.notMembers(dirs)
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for dir, m := range e.members {
-		if !seen[dir] || !e.cfg.Alive(m.cgroup) {
+		if !seen[dir] || (members && !e.cfg.Alive(m.cgroup)) {
 			e.dropLocked(m)
 		}
 	}
@@ -179,6 +197,31 @@ func (e *Enforcement) discover() {
 			delete(e.unmapped, dir)
 		}
 	}
+}
+
+func (e *Enforcement) trackLogged(dir string, nodeGPUs func() ([]string, error)) {
+	if err := e.track(dir, nodeGPUs); err != nil {
+		e.cfg.Log.Debug("not enforcing", "dir", dir, "err", err)
+	}
+}
+
+// notMembers is the directories of dirs not taken on.
+func (e *Enforcement) notMembers(dirs []string) []string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var out []string
+	for _, dir := range dirs {
+		if e.members[dir] == nil {
+			out = append(out, dir)
+		}
+	}
+	return out
+}
+
+func (e *Enforcement) isMember(dir string) bool {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.members[dir] != nil
 }
 
 func (e *Enforcement) track(dir string, nodeGPUs func() ([]string, error)) error {
