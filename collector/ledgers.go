@@ -21,7 +21,7 @@ import (
 type ledgerFiles struct {
 	open map[string]*openLedger // by directory name
 	bad  map[string]string      // by directory name: why its ledger was not read
-	buf  []byte
+	buf  *controlblock.Usage    // scratch for reading
 }
 
 type openLedger struct {
@@ -63,7 +63,7 @@ func (f *ledgerFiles) readUsage(controlDir, dir string) (*ledger, error) {
 		m.usage = u
 	}
 	if f.buf == nil {
-		f.buf = make([]byte, controlblock.UsageSize)
+		f.buf = new(controlblock.Usage)
 	}
 	snap, err := m.usage.Read(f.buf)
 	if err != nil {

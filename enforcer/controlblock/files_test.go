@@ -103,7 +103,7 @@ func TestLedgerReadsThroughChanges(t *testing.T) {
 	l, err := OpenLedger(p)
 	must(t, err)
 	defer l.Close()
-	buf := make([]byte, UsageSize)
+	buf := new(Usage)
 	if s, err := l.Read(buf); err != nil || s.ReservedBytes[0] != 3<<30 {
 		t.Fatalf("read: %v %+v", err, s)
 	}
@@ -143,6 +143,47 @@ func TestLedgerReadsThroughChanges(t *testing.T) {
 			t.Errorf("FIFO: %v, want ErrBadFile", err)
 		}
 	})
+}
+
+// A ledger whose header reads the same is answered from its last read,
+// slots included, for at most slotsStale reads; a changed header is read
+// whole at once.
+func TestLedgerRereadsSlots(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "usage")
+	must(t, os.WriteFile(p, validLedger(), 0o666))
+	l, err := OpenLedger(p)
+	must(t, err)
+	defer l.Close()
+	buf := new(Usage)
+	read := func() *UsageSnapshot {
+		t.Helper()
+		s, err := l.Read(buf)
+		must(t, err)
+		return s
+	}
+	read()
+	f, err := os.OpenFile(p, os.O_WRONLY, 0)
+	must(t, err)
+	defer f.Close()
+	slotPid := int64(unsafe.Offsetof(Usage{}.Slots)) + 3*int64(unsafe.Sizeof(Slot{})) + int64(unsafe.Offsetof(Slot{}.Pid))
+	_, err = f.WriteAt([]byte{43}, slotPid) // slot 3's process is now 43
+	must(t, err)
+	reads := 0
+	for s := read(); s.Procs[0].Pid != 43; s = read() {
+		if reads++; reads > slotsStale {
+			t.Fatalf("a slot's change was not read in %d reads", reads)
+		}
+	}
+	if reads != slotsStale {
+		t.Errorf("a slot's change was read after %d reads, want %d (an unchanged header is answered from the last read)", reads, slotsStale)
+	}
+	_, err = f.WriteAt([]byte{44}, slotPid)
+	must(t, err)
+	_, err = f.WriteAt([]byte{1}, int64(offReserved0))
+	must(t, err)
+	if s := read(); s.Procs[0].Pid != 44 || s.ReservedBytes[0] != 3<<30|1 {
+		t.Errorf("after a header change: pid %d, reserved %d; want 44 and %d at once", s.Procs[0].Pid, s.ReservedBytes[0], uint64(3<<30|1))
+	}
 }
 
 // TestUsageFileSurvivesTruncation: a mapped ledger truncated under the
