@@ -164,6 +164,19 @@ type procMaps struct {
 // per-process view still sees such a process use a GPU.
 const recheckEvery = 60
 
+// recheckListings: with the changes known (they name an mmap in place),
+// turns are a net only, taken on listing passes: each process every so
+// many listings (5 min at the default interval).
+const recheckListings = 30
+
+// onTurn says whether pid's maps are read on this pass whatever its size.
+func onTurn(pid, pass int, all bool) bool {
+	if all {
+		return (pid+pass)%recheckEvery == 0
+	}
+	return (pid+pass/listEvery)%recheckListings == 0
+}
+
 // NewScanner scans the processes under procRoot.
 func NewScanner(procRoot string) *Scanner {
 	return &Scanner{procRoot: procRoot, driver: map[string]bool{}, procs: map[int]*procMaps{}}
@@ -174,11 +187,6 @@ func NewScanner(procRoot string) *Scanner {
 // container's control block, and its maps would cost more to read than all
 // the others'.
 func (s *Scanner) Scan() (map[FileID]Mapping, error) {
-	names, err := readNames(s.procRoot)
-	if err != nil {
-		return nil, fmt.Errorf("scan processes: %w", err)
-	}
-	self, _ := os.Readlink(filepath.Join(s.procRoot, "self")) // our pid as procRoot numbers it
 	pass := s.passes
 	s.passes++
 	changed, all := map[int]bool(nil), true
@@ -188,7 +196,15 @@ func (s *Scanner) Scan() (map[FileID]Mapping, error) {
 			changed, all = nil, true // read every process's size, as without changes
 		}
 	}
-	found := map[FileID]Mapping{}
+	self, _ := os.Readlink(filepath.Join(s.procRoot, "self")) // our pid as procRoot numbers it
+	if !all && pass%listEvery != 0 {
+		s.rescan(changed, self)
+		return s.found(), nil
+	}
+	names, err := readNames(s.procRoot)
+	if err != nil {
+		return nil, fmt.Errorf("scan processes: %w", err)
+	}
 	known := make(map[string]bool, len(s.driver))
 	procs := make(map[int]*procMaps, len(s.procs))
 	for _, name := range names {
@@ -196,7 +212,7 @@ func (s *Scanner) Scan() (map[FileID]Mapping, error) {
 		if err != nil || pid <= 0 || name == self {
 			continue
 		}
-		recheck := (pid+pass)%recheckEvery == 0
+		recheck := onTurn(pid, pass, all)
 		p := s.procs[pid]
 		switch {
 		case all || p == nil:
@@ -212,18 +228,53 @@ func (s *Scanner) Scan() (map[FileID]Mapping, error) {
 		for f, is := range p.files {
 			known[f] = is
 		}
-		for _, mp := range p.found {
-			if _, dup := found[mp.File]; !dup {
-				found[mp.File] = mp
-			}
-		}
 	}
 	for _, gone := range s.procs { // processes no longer listed
 		gone.close()
 	}
 	s.driver = known // files no process maps any more are forgotten
 	s.procs = procs
-	return found, nil
+	return s.found(), nil
+}
+
+// listEvery: with the changes known, /proc is listed only every so many
+// scans (10 s at the default interval). A new process maps its libraries
+// after exec, which names it among the changes; the listing is the net for
+// anything else (a forked child maps only its parent's files).
+const listEvery = 20
+
+// rescan reads again the processes the changes name, known or new,
+// without listing /proc or taking turns (the changes name an mmap in place
+// too): on a node of a thousand idle containers a scan reads nothing.
+func (s *Scanner) rescan(changed map[int]bool, self string) {
+	for pid := range changed {
+		if strconv.Itoa(pid) == self {
+			continue
+		}
+		p := s.process(pid, s.procs[pid] != nil, s.driver)
+		if p == nil {
+			delete(s.procs, pid) // gone, or a kernel thread
+			continue
+		}
+		s.procs[pid] = p
+		for f, is := range p.files {
+			s.driver[f] = is
+		}
+	}
+}
+
+// found is every libcuda file the known processes map, each as the
+// lowest pid maps it (whatever order the processes were read in).
+func (s *Scanner) found() map[FileID]Mapping {
+	found := map[FileID]Mapping{}
+	for _, p := range s.procs {
+		for _, mp := range p.found {
+			if had, dup := found[mp.File]; !dup || mp.PID < had.PID {
+				found[mp.File] = mp
+			}
+		}
+	}
+	return found
 }
 
 // readNames lists a directory unsorted (os.ReadDir sorts, and makes an

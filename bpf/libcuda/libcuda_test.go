@@ -207,8 +207,8 @@ func TestScanRereadsChangedProcesses(t *testing.T) {
 }
 
 // With Changes, a known process is read again only when named (whatever
-// its size says), or on its turn; a new one at once; all reads every
-// process's size as without Changes.
+// its size says), or on its turn at a listing; a new one at once when named, else at the
+// next listing of /proc; all reads every process's size as without Changes.
 func TestScanAsksChanges(t *testing.T) {
 	proc := t.TempDir()
 	first := fakeProcess(t, proc, "42", "/opt/libcuda.so.1", 9)
@@ -243,7 +243,7 @@ func TestScanAsksChanges(t *testing.T) {
 	fourth := fakeProcess(t, proc, "42", "/opt/fourth/libcuda.so.1", 13)
 	scans := 0
 	for seen := false; !seen; scans++ {
-		if scans > recheckEvery {
+		if scans > listEvery*recheckListings {
 			t.Fatalf("not read on its turn in %d scans", scans)
 		}
 		seen = has(fourth)
@@ -251,10 +251,21 @@ func TestScanAsksChanges(t *testing.T) {
 	if scans < 2 {
 		t.Fatal("a process not named was read at once")
 	}
-	// A new process is read at once, named or not.
+	// A new process is read at once when named (its exec maps libraries).
 	fifth := fakeProcess(t, proc, "43", "/opt/fifth/libcuda.so.1", 14)
+	named = map[int]bool{43: true}
 	if !has(fifth) {
-		t.Fatal("a new process was not read")
+		t.Fatal("a new process the changes name was not read")
+	}
+	named = nil
+	// One they do not name (a forked child) is found by the next listing.
+	sixth := fakeProcess(t, proc, "44", "/opt/sixth/libcuda.so.1", 15)
+	scans = 0
+	for seen := false; !seen; scans++ {
+		if scans > listEvery {
+			t.Fatalf("a new process the changes do not name was not read in %d scans", scans)
+		}
+		seen = has(sixth)
 	}
 }
 
