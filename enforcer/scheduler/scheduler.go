@@ -60,7 +60,7 @@ type Config struct {
 	Measure   time.Duration // how often Source is read (default 100ms)
 	Heartbeat time.Duration // how often heartbeats are written (default 100ms)
 	Ledger    time.Duration // how often ledgers are read for claims and throttled time (default 500ms)
-	IdlePoll  time.Duration // how often, at most, an idle container's gate is looked at (default 100ms; every tick on GPUs shared by fewer than 64)
+	IdlePoll  time.Duration // how often, at most, an idle container's gate is looked at (default 250ms; every tick on GPUs shared by fewer than 64)
 	MaxInst   int           // every GPU's max_inst unless SetGPU sets one (0: policy.MaxInst's default)
 }
 
@@ -76,7 +76,7 @@ func (c *Config) defaults() {
 	def(&c.Measure, 100*time.Millisecond)
 	def(&c.Heartbeat, 100*time.Millisecond)
 	def(&c.Ledger, 500*time.Millisecond)
-	def(&c.IdlePoll, 100*time.Millisecond)
+	def(&c.IdlePoll, 250*time.Millisecond)
 }
 
 // Settings are a container's compute settings.
