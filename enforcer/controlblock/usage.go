@@ -175,8 +175,9 @@ func parseUsage(u *Usage) (*UsageSnapshot, error) {
 // every read of it is guarded, and a fault reads as zero (Snapshot:
 // ErrLedgerShrank) instead of killing the agent with SIGBUS.
 type UsageFile struct {
-	fd  int
-	mem []byte
+	fd    int
+	mem   []byte
+	cache snapshotCache
 }
 
 // ErrLedgerShrank says a ledger was truncated under the agent.
@@ -201,30 +202,26 @@ func OpenUsage(path string) (*UsageFile, error) {
 	return &UsageFile{fd: fd, mem: mem}, nil
 }
 
-// Snapshot copies and validates the ledger as it is now.
+// Snapshot copies and validates the ledger as it is now (snapshotCache).
 func (f *UsageFile) Snapshot() (*UsageSnapshot, error) {
 	var u Usage
-	if !f.copyTo(&u) {
-		return nil, ErrLedgerShrank
-	}
-	return parseUsage(&u)
+	return f.cache.read(&u, f.readAt)
 }
 
-// copyTo reads the whole ledger; false when it is shorter than the ABI's
-// size (truncated) or cannot be read.
-func (f *UsageFile) copyTo(u *Usage) bool {
-	b := usageBytes(u)
+// readAt fills b from the ledger at off; ErrLedgerShrank when it is
+// shorter than the ABI's size (truncated) or cannot be read.
+func (f *UsageFile) readAt(b []byte, off int64) error {
 	for n := 0; n < len(b); {
-		m, err := syscall.Pread(f.fd, b[n:], int64(n))
+		m, err := syscall.Pread(f.fd, b[n:], off+int64(n))
 		if err == syscall.EINTR {
 			continue
 		}
 		if err != nil || m <= 0 {
-			return false
+			return ErrLedgerShrank
 		}
 		n += m
 	}
-	return true
+	return nil
 }
 
 // Reserved reads device dev's container-wide reserved bytes (unvalidated).
