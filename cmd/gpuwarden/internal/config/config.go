@@ -410,6 +410,9 @@ func (c Config) validateRemote() error {
 		if !strings.HasPrefix(r.LibraryDir, "/") {
 			errs = append(errs, fmt.Errorf("remote.libraryDir %q: want an absolute path", r.LibraryDir))
 		}
+		if !c.DevicePlugin.Enabled {
+			errs = append(errs, errors.New("remote.servers needs devicePlugin.enabled: the device plugin advertises the servers' GPUs to this node's pods"))
+		}
 	}
 	if (r.Enabled || len(r.Servers) > 0) && (r.Timeout < 100*time.Millisecond || r.Timeout > 10*time.Minute) {
 		errs = append(errs, fmt.Errorf("remote.timeout %v: want 100ms-10m", r.Timeout))

@@ -99,8 +99,9 @@ func TestRefusesBadConfig(t *testing.T) {
 		{"remote relative worker", "remote:\n  enabled: true\n  worker: bin/w\n", nil, "remote.worker"},
 		{"remote cgroup parent above the root", "remote:\n  enabled: true\n  cgroupParent: a/../..\n", nil, "remote.cgroupParent"},
 		{"remote bad server", "", []string{"GPUWARDEN_REMOTE_SERVERS=gpu-1,host:http"}, "remote.servers"},
-		{"remote servers without a CA", "remote:\n  servers: [gpu-1]\n  ca: \"\"\n", nil, "remote.servers needs"},
+		{"remote servers without a CA", "devicePlugin:\n  enabled: true\nremote:\n  servers: [gpu-1]\n  ca: \"\"\n", nil, "remote.servers needs remote.cert"},
 		{"remote relative library dir", "remote:\n  servers: [gpu-1]\n  libraryDir: lib\n", nil, "remote.libraryDir"},
+		{"remote servers without the device plugin", "remote:\n  servers: [gpu-1]\n", nil, "remote.servers needs devicePlugin.enabled"},
 		{"remote root cgroup parent", "remote:\n  enabled: true\n  cgroupParent: /\n", nil, "remote.cgroupParent"},
 	}
 	for _, tt := range tests {
