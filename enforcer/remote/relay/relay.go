@@ -8,7 +8,6 @@
 package relay
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -16,8 +15,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -201,17 +198,12 @@ func (r *Relay) serve(dir string, lis net.Listener) {
 // the client library's calls then fail at once.
 func (r *Relay) handle(dir string, c *net.UnixConn) {
 	log := r.cfg.Log.With("allocation", dir)
-	pid, err := peerPID(c)
+	pid, cg, err := peerCgroup(r.cfg.ProcRoot, c)
 	if err != nil {
-		log.Warn("remote relay: peer unknown", "err", err)
+		log.Warn("remote relay: peer unknown", "pid", pid, "err", err)
 		return
 	}
 	log = log.With("pid", pid)
-	cg, err := cgroupOf(r.cfg.ProcRoot, pid)
-	if err != nil {
-		log.Warn("remote relay: peer's cgroup unknown", "err", err)
-		return
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	who, err := r.cfg.Identify(ctx, dir, cg)
 	cancel()
@@ -241,40 +233,4 @@ func (r *Relay) handle(dir string, c *net.UnixConn) {
 		"weight", w.Weight)
 	err = l.Relay(c)
 	log.Info("remote relay: session ended", "session", w.Session, "why", fmt.Sprint(err))
-}
-
-// peerPID is the connecting process, as the kernel recorded it at connect.
-func peerPID(c *net.UnixConn) (int, error) {
-	rc, err := c.SyscallConn()
-	if err != nil {
-		return 0, err
-	}
-	var cred *unix.Ucred
-	var serr error
-	if err := rc.Control(func(fd uintptr) { cred, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
-		return 0, err
-	}
-	if serr != nil {
-		return 0, fmt.Errorf("SO_PEERCRED: %w", serr)
-	}
-	if cred.Pid <= 0 {
-		return 0, errors.New("SO_PEERCRED: no pid (a peer in another pid namespace the agent cannot see)")
-	}
-	return int(cred.Pid), nil
-}
-
-// cgroupOf is a process's cgroup v2 path.
-func cgroupOf(procRoot string, pid int) (string, error) {
-	f, err := os.Open(filepath.Join(procRoot, strconv.Itoa(pid), "cgroup"))
-	if err != nil {
-		return "", err
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if p, ok := strings.CutPrefix(sc.Text(), "0::"); ok {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("process %d has no cgroup v2 path", pid)
 }
