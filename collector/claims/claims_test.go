@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 )
@@ -131,5 +132,21 @@ func TestStartTimeAndIdentify(t *testing.T) {
 	}
 	if st, err := StartTime("/proc", os.Getpid()); err != nil || st == 0 {
 		t.Errorf("StartTime(self) = %d, %v", st, err)
+	}
+}
+
+// Verdicts made together fall due over a spread of times, each within a
+// quarter of recheck of it.
+func TestRecheckSpread(t *testing.T) {
+	lo, hi := time.Duration(1<<62), time.Duration(0)
+	for i := range 1000 {
+		d := recheckFor(fmt.Sprintf("k8s-ns-pod-%d-main", i))
+		if d < recheck*3/4 || d > recheck*5/4 {
+			t.Fatalf("recheck %v, want %v to %v", d, recheck*3/4, recheck*5/4)
+		}
+		lo, hi = min(lo, d), max(hi, d)
+	}
+	if hi-lo < recheck/3 {
+		t.Errorf("1000 directories' rechecks span %v to %v; want them spread over most of %v", lo, hi, recheck/2)
 	}
 }
