@@ -97,12 +97,19 @@ func TestReadUsageRefusesDeviceNode(t *testing.T) {
 	})
 }
 
-func TestLedgerReadsThroughChanges(t *testing.T) {
+// openValidLedger writes a valid ledger and opens it.
+func openValidLedger(t *testing.T) (string, *Ledger) {
+	t.Helper()
 	p := filepath.Join(t.TempDir(), "usage")
 	must(t, os.WriteFile(p, validLedger(), 0o666))
 	l, err := OpenLedger(p)
 	must(t, err)
-	defer l.Close()
+	t.Cleanup(func() { l.Close() })
+	return p, l
+}
+
+func TestLedgerReadsThroughChanges(t *testing.T) {
+	p, l := openValidLedger(t)
 	buf := new(Usage)
 	if s, err := l.Read(buf); err != nil || s.ReservedBytes[0] != 3<<30 {
 		t.Fatalf("read: %v %+v", err, s)
@@ -149,11 +156,7 @@ func TestLedgerReadsThroughChanges(t *testing.T) {
 // slots included, for at most slotsStale reads; a changed header is read
 // whole at once.
 func TestLedgerRereadsSlots(t *testing.T) {
-	p := filepath.Join(t.TempDir(), "usage")
-	must(t, os.WriteFile(p, validLedger(), 0o666))
-	l, err := OpenLedger(p)
-	must(t, err)
-	defer l.Close()
+	p, l := openValidLedger(t)
 	buf := new(Usage)
 	read := func() *UsageSnapshot {
 		t.Helper()
