@@ -31,6 +31,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
 )
 
@@ -643,5 +645,94 @@ func TestRulesAndDashboardsAreLinks(t *testing.T) {
 	}
 	if _, err := os.Stat(filepath.Join(chartDir, "files/alerts/gpuwarden.rules.yml")); errors.Is(err, os.ErrNotExist) {
 		t.Error("dashboards/alerts/gpuwarden.rules.yml is missing")
+	}
+}
+
+// TestRemoteClientsInOneRelease: one release serves both kinds of node. GPU
+// nodes keep the agent as configured; nodes without GPUs get a second
+// DaemonSet, with its own ConfigMap (remoteClients.config merged over
+// config), node selector and pod labels, which neither DaemonSet's selector
+// shares; both configurations pass the agent's own check.
+func TestRemoteClientsInOneRelease(t *testing.T) {
+	vals := map[string]any{
+		"config": map[string]any{"remote": map[string]any{"enabled": true}},
+		"remote": map[string]any{"secretName": "gpuwarden-remote"},
+		"remoteClients": map[string]any{"enabled": true,
+			"config": map[string]any{"remote": map[string]any{"servers": []any{"gpu-node-1:7070"}}}},
+	}
+	m, _, err := render(t, vals)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := decode(t, m)
+	if len(o.DaemonSets) != 2 || len(o.ConfigMaps) != 2 {
+		t.Fatalf("%d DaemonSets, %d ConfigMaps; want 2 of each", len(o.DaemonSets), len(o.ConfigMaps))
+	}
+	byName := map[string]appsv1.DaemonSet{}
+	for _, ds := range o.DaemonSets {
+		byName[ds.Name] = ds
+	}
+	gpu, client := byName[release], byName[release+"-remote-client"]
+	if gpu.Name == "" || client.Name == "" {
+		t.Fatalf("DaemonSets %v", byName)
+	}
+	if gpu.Spec.Template.Spec.NodeSelector["nvidia.com/gpu.present"] != "true" ||
+		client.Spec.Template.Spec.NodeSelector["gpuwarden.io/remote-client"] != "true" ||
+		client.Spec.Template.Spec.NodeSelector["nvidia.com/gpu.present"] != "" {
+		t.Errorf("node selectors: GPU nodes %v, clients %v", gpu.Spec.Template.Spec.NodeSelector, client.Spec.Template.Spec.NodeSelector)
+	}
+	for _, p := range []struct{ sel, pods appsv1.DaemonSet }{{gpu, client}, {client, gpu}} {
+		sel, err := metav1.LabelSelectorAsSelector(p.sel.Spec.Selector)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sel.Matches(labels.Set(p.pods.Spec.Template.Labels)) {
+			t.Errorf("%s's selector %v takes %s's pods (%v)", p.sel.Name, sel, p.pods.Name, p.pods.Spec.Template.Labels)
+		}
+		if !sel.Matches(labels.Set(p.sel.Spec.Template.Labels)) {
+			t.Errorf("%s's selector %v does not take its own pods", p.sel.Name, sel)
+		}
+	}
+	configs := map[string]string{}
+	for _, cm := range o.ConfigMaps {
+		configs[cm.Name] = cm.Data["config.yaml"]
+	}
+	for _, ds := range []appsv1.DaemonSet{gpu, client} {
+		for _, v := range ds.Spec.Template.Spec.Volumes {
+			if v.Name == "config" && v.ConfigMap.Name != ds.Name {
+				t.Errorf("%s reads ConfigMap %s", ds.Name, v.ConfigMap.Name)
+			}
+		}
+	}
+	var gpuCfg, clientCfg map[string]any
+	if err := yaml.Unmarshal([]byte(configs[gpu.Name]), &gpuCfg); err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal([]byte(configs[client.Name]), &clientCfg); err != nil {
+		t.Fatal(err)
+	}
+	if get(gpuCfg, "remote", "enabled") != true || get(gpuCfg, "nvml", "enabled") != true || len(get(gpuCfg, "remote", "servers").([]any)) != 0 {
+		t.Errorf("GPU nodes' config changed: %s", configs[gpu.Name])
+	}
+	if get(clientCfg, "remote", "enabled") != false || get(clientCfg, "nvml", "enabled") != false ||
+		get(clientCfg, "devicePlugin", "enabled") != true || fmt.Sprint(get(clientCfg, "remote", "servers")) != "[gpu-node-1:7070]" ||
+		get(clientCfg, "devicePlugin", "maxInst") != get(gpuCfg, "devicePlugin", "maxInst") {
+		t.Errorf("clients' config is not remoteClients.config over config: %s", configs[client.Name])
+	}
+	var mountsLibrary bool
+	for _, vm := range client.Spec.Template.Spec.Containers[0].VolumeMounts {
+		mountsLibrary = mountsLibrary || vm.Name == "remote-library"
+	}
+	if !mountsLibrary || len(gpu.Spec.Template.Spec.Containers[0].Ports) != 2 || len(client.Spec.Template.Spec.Containers[0].Ports) != 1 {
+		t.Errorf("the client DaemonSet installs no client library, or ports differ from each kind's: GPU %+v, client %+v",
+			gpu.Spec.Template.Spec.Containers[0].Ports, client.Spec.Template.Spec.Containers[0].Ports)
+	}
+	checkConfig(t, configs[gpu.Name])
+	checkConfig(t, configs[client.Name])
+
+	// Without servers the second DaemonSet would serve nothing.
+	vals["remoteClients"] = map[string]any{"enabled": true}
+	if _, _, err := render(t, vals); err == nil || !strings.Contains(err.Error(), "remoteClients.config.remote.servers") {
+		t.Errorf("remoteClients without servers: %v", err)
 	}
 }

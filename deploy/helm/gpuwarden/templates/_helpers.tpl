@@ -18,16 +18,39 @@
 {{- end }}
 
 {{- define "gpuwarden.selectorLabels" -}}
-app.kubernetes.io/name: {{ include "gpuwarden.name" . }}
-app.kubernetes.io/instance: {{ .Release.Name }}
-app.kubernetes.io/component: agent
+{{ include "gpuwarden.componentSelector" (dict "root" . "component" "agent") }}
 {{- end }}
 
 {{- define "gpuwarden.labels" -}}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
-{{ include "gpuwarden.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
-app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{ include "gpuwarden.componentLabels" (dict "root" . "component" "agent") }}
+{{- end }}
+
+{{/* Selector and labels of a component: a dict of root and component. */}}
+{{- define "gpuwarden.componentSelector" -}}
+app.kubernetes.io/name: {{ include "gpuwarden.name" .root }}
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "gpuwarden.componentLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "gpuwarden.componentSelector" . }}
+app.kubernetes.io/version: {{ .root.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+{{- end }}
+
+{{/* The agents on nodes without GPUs (remoteClients): their name, and
+their configuration, remoteClients.config merged over config. */}}
+{{- define "gpuwarden.remoteClientsName" -}}
+{{- printf "%s-remote-client" (include "gpuwarden.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "gpuwarden.remoteClientsConfig" -}}
+{{- $c := mergeOverwrite (deepCopy .Values.config) (deepCopy .Values.remoteClients.config) }}
+{{- if not $c.remote.servers }}
+{{- fail "remoteClients.enabled needs the GPU nodes that serve them: remoteClients.config.remote.servers" }}
+{{- end }}
+{{- toYaml $c }}
 {{- end }}
 
 {{- define "gpuwarden.serviceAccountName" -}}
