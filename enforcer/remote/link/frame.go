@@ -73,7 +73,9 @@ func newFrameReader(src io.Reader, size int) *frameReader {
 
 // next reads one frame; its payload is valid until the next call. An
 // unknown type or an oversized length is an error: the peer is not
-// speaking this protocol. io.EOF: the stream ended between frames.
+// speaking this protocol. io.EOF: the stream ended between frames;
+// io.ErrUnexpectedEOF: inside one. A read's own error (a timeout) is
+// passed on.
 func (fr *frameReader) next() (Type, []byte, error) {
 	if err := fr.fill(headerLen); err != nil {
 		if errors.Is(err, io.ErrUnexpectedEOF) && fr.w == fr.r {
@@ -93,7 +95,7 @@ func (fr *frameReader) next() (Type, []byte, error) {
 	fr.r += headerLen
 	if n <= len(fr.buf) {
 		if err := fr.fill(n); err != nil {
-			return 0, nil, fmt.Errorf("frame %s: %w", t, io.ErrUnexpectedEOF)
+			return 0, nil, fmt.Errorf("frame %s: %w", t, err)
 		}
 		p := fr.buf[fr.r : fr.r+n]
 		fr.r += n
@@ -106,7 +108,10 @@ func (fr *frameReader) next() (Type, []byte, error) {
 	k := copy(p, fr.buf[fr.r:fr.w])
 	fr.r += k
 	if _, err := io.ReadFull(fr.src, p[k:]); err != nil {
-		return 0, nil, fmt.Errorf("frame %s: %w", t, io.ErrUnexpectedEOF)
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, nil, fmt.Errorf("frame %s: %w", t, err)
 	}
 	return t, p, nil
 }

@@ -168,3 +168,20 @@ func TestRelayDeadPeer(t *testing.T) {
 		t.Fatalf("dead link noticed after %v, want about the 300ms timeout", d)
 	}
 }
+
+// TestRecvSilentInsideAFrame: a peer that stops in the middle of a frame
+// is as dead as one that stops between frames.
+func TestRecvSilentInsideAFrame(t *testing.T) {
+	for name, partial := range map[string][]byte{
+		"small frame": AppendFrame(nil, Data, make([]byte, 100))[:50],
+		"large frame": AppendFrame(nil, Data, make([]byte, 200<<10))[:100<<10],
+	} {
+		t.Run(name, func(t *testing.T) {
+			a, _, raw := pair(t, 300*time.Millisecond) // raw: the socket a reads from, at its far end
+			go raw.Write(partial)
+			if _, _, err := a.Recv(); !errors.Is(err, ErrDead) {
+				t.Fatalf("receive: %v, want ErrDead", err)
+			}
+		})
+	}
+}
