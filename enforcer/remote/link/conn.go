@@ -1,7 +1,7 @@
 package link
 
 import (
-	"bufio"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -18,18 +18,21 @@ const DefaultTimeout = 5 * time.Second
 // Sends may come from several goroutines; receives from one.
 type Conn struct {
 	c       net.Conn
-	r       *bufio.Reader
+	r       *frameReader
 	timeout time.Duration
-	buf     []byte
 
 	wmu  sync.Mutex
 	wbuf []byte
 }
 
+// readBuffer holds what one read of the link may bring: a few TLS records
+// (16 KiB each), or heartbeats and the driver's small frames.
+const readBuffer = 64 << 10
+
 // New frames c. timeout bounds each receive: a link on which nothing at
 // all arrives for that long is dead.
 func New(c net.Conn, timeout time.Duration) *Conn {
-	return &Conn{c: c, r: bufio.NewReaderSize(c, 64<<10), timeout: timeout}
+	return &Conn{c: c, r: newFrameReader(c, readBuffer), timeout: timeout}
 }
 
 // Send writes one frame with one write.
@@ -47,13 +50,24 @@ func (c *Conn) Send(t Type, payload []byte) error {
 	return err
 }
 
+// sendData writes frame[headerLen:] as a data frame, its header written
+// into frame[:headerLen]: the relayed bytes are not copied again.
+func (c *Conn) sendData(frame []byte) error {
+	frame[0] = byte(Data)
+	binary.BigEndian.PutUint32(frame[1:headerLen], uint32(len(frame)-headerLen))
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	_, err := c.c.Write(frame)
+	return err
+}
+
 // Recv reads the next frame, waiting at most the link's timeout; the
 // payload is valid until the next Recv.
 func (c *Conn) Recv() (Type, []byte, error) {
 	if err := c.c.SetReadDeadline(time.Now().Add(c.timeout)); err != nil {
 		return 0, nil, err
 	}
-	t, p, err := ReadFrame(c.r, c.buf)
+	t, p, err := c.r.next()
 	if err != nil {
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
@@ -61,7 +75,6 @@ func (c *Conn) Recv() (Type, []byte, error) {
 		}
 		return 0, nil, err
 	}
-	c.buf = p[:0]
 	return t, p, nil
 }
 
@@ -101,6 +114,10 @@ func Buffered(c net.Conn) {
 // ErrDead is a link whose peer stopped answering.
 var ErrDead = errors.New("remote peer stopped answering")
 
+// relayChunk is the most local bytes one data frame carries: a bulk
+// chunk of the driver protocol (1 MiB and its fields) in two frames.
+const relayChunk = 512 << 10
+
 // Relay joins the link to a local stream socket until either ends: bytes
 // from local go out as data frames, data frames come in to local, and
 // pings go out every quarter of the timeout. When the link dies (nothing
@@ -124,11 +141,11 @@ func (c *Conn) Relay(local net.Conn) error {
 	wg.Add(3)
 	go func() { // local -> link
 		defer wg.Done()
-		buf := make([]byte, 256<<10)
+		buf := make([]byte, headerLen+relayChunk)
 		for {
-			n, err := local.Read(buf)
+			n, err := local.Read(buf[headerLen:])
 			if n > 0 {
-				if werr := c.Send(Data, buf[:n]); werr != nil {
+				if werr := c.sendData(buf[:headerLen+n]); werr != nil {
 					errs <- fmt.Errorf("send: %w", werr)
 					stop()
 					return

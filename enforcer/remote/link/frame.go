@@ -5,8 +5,8 @@
 package link
 
 import (
-	"bufio"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 )
@@ -56,29 +56,88 @@ func AppendFrame(b []byte, t Type, payload []byte) []byte {
 	return append(b, payload...)
 }
 
-// ReadFrame reads one frame; its payload is in buf (grown to the payload's
-// size, at most MaxPayload) and valid until the next read. An unknown type
-// or an oversized length is an error: the peer is not speaking this
-// protocol.
-func ReadFrame(r *bufio.Reader, buf []byte) (Type, []byte, error) {
-	var h [headerLen]byte
-	if _, err := io.ReadFull(r, h[:]); err != nil {
+// frameReader reads frames through a buffer of its own: a frame that arrived
+// whole is handed out where it lies, a larger one is read straight into
+// its payload's buffer, so relayed bytes are copied once at most.
+type frameReader struct {
+	src     io.Reader
+	buf     []byte // buf[r:w] is read and not yet handed out
+	r, w    int
+	payload []byte // frames larger than buf
+}
+
+// newFrameReader reads frames from src through a buffer of size bytes.
+func newFrameReader(src io.Reader, size int) *frameReader {
+	return &frameReader{src: src, buf: make([]byte, max(size, headerLen))}
+}
+
+// next reads one frame; its payload is valid until the next call. An
+// unknown type or an oversized length is an error: the peer is not
+// speaking this protocol. io.EOF: the stream ended between frames;
+// io.ErrUnexpectedEOF: inside one. A read's own error (a timeout) is
+// passed on.
+func (fr *frameReader) next() (Type, []byte, error) {
+	if err := fr.fill(headerLen); err != nil {
+		if errors.Is(err, io.ErrUnexpectedEOF) && fr.w == fr.r {
+			err = io.EOF
+		}
 		return 0, nil, err
 	}
+	h := fr.buf[fr.r : fr.r+headerLen]
 	t := Type(h[0])
-	n := binary.BigEndian.Uint32(h[1:])
+	n := int(binary.BigEndian.Uint32(h[1:]))
 	if !t.valid() {
 		return 0, nil, fmt.Errorf("frame of unknown type %s", t)
 	}
 	if n > MaxPayload {
 		return 0, nil, fmt.Errorf("frame %s of %d bytes: at most %d", t, n, MaxPayload)
 	}
-	if cap(buf) < int(n) {
-		buf = make([]byte, n)
+	fr.r += headerLen
+	if n <= len(fr.buf) {
+		if err := fr.fill(n); err != nil {
+			return 0, nil, fmt.Errorf("frame %s: %w", t, err)
+		}
+		p := fr.buf[fr.r : fr.r+n]
+		fr.r += n
+		return t, p, nil
 	}
-	buf = buf[:n]
-	if _, err := io.ReadFull(r, buf); err != nil {
-		return 0, nil, fmt.Errorf("frame %s: %w", t, io.ErrUnexpectedEOF)
+	if cap(fr.payload) < n {
+		fr.payload = make([]byte, n)
 	}
-	return t, buf, nil
+	p := fr.payload[:n]
+	k := copy(p, fr.buf[fr.r:fr.w])
+	fr.r += k
+	if _, err := io.ReadFull(fr.src, p[k:]); err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return 0, nil, fmt.Errorf("frame %s: %w", t, err)
+	}
+	return t, p, nil
+}
+
+// fill reads until n bytes are buffered (n at most len(buf)), moving
+// what is buffered to the front first if the rest would not fit.
+func (fr *frameReader) fill(n int) error {
+	if fr.w-fr.r >= n {
+		return nil
+	}
+	if len(fr.buf)-fr.r < n {
+		fr.w = copy(fr.buf, fr.buf[fr.r:fr.w])
+		fr.r = 0
+	}
+	for fr.w-fr.r < n {
+		m, err := fr.src.Read(fr.buf[fr.w:])
+		fr.w += m
+		if fr.w-fr.r >= n {
+			return nil
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			return err
+		}
+	}
+	return nil
 }

@@ -1,13 +1,13 @@
 package link
 
 import (
-	"bufio"
 	"bytes"
 	"errors"
 	"io"
 	"net"
 	"strings"
 	"testing"
+	"testing/iotest"
 	"time"
 )
 
@@ -15,16 +15,27 @@ func TestFrameRoundTrip(t *testing.T) {
 	var b []byte
 	b = AppendFrame(b, Data, []byte("abc"))
 	b = AppendFrame(b, Ping, nil)
-	r := bufio.NewReader(bytes.NewReader(b))
-	typ, p, err := ReadFrame(r, nil)
+	big := bytes.Repeat([]byte("xyz"), 100) // more than the reader's buffer
+	b = AppendFrame(b, Data, big)
+	b = AppendFrame(b, Pong, []byte("after"))
+	r := newFrameReader(iotest.OneByteReader(bytes.NewReader(b)), 64)
+	typ, p, err := r.next()
 	if err != nil || typ != Data || string(p) != "abc" {
 		t.Fatalf("first frame: %v %q %v", typ, p, err)
 	}
-	typ, p, err = ReadFrame(r, nil)
+	typ, p, err = r.next()
 	if err != nil || typ != Ping || len(p) != 0 {
 		t.Fatalf("second frame: %v %q %v", typ, p, err)
 	}
-	if _, _, err := ReadFrame(r, nil); !errors.Is(err, io.EOF) {
+	typ, p, err = r.next()
+	if err != nil || typ != Data || !bytes.Equal(p, big) {
+		t.Fatalf("third frame: %v of %d bytes, %v", typ, len(p), err)
+	}
+	typ, p, err = r.next()
+	if err != nil || typ != Pong || string(p) != "after" {
+		t.Fatalf("fourth frame: %v %q %v", typ, p, err)
+	}
+	if _, _, err := r.next(); !errors.Is(err, io.EOF) {
 		t.Fatalf("after the last frame: %v, want EOF", err)
 	}
 }
@@ -34,8 +45,10 @@ func TestFrameRefusesBadInput(t *testing.T) {
 		"unknown type": {'Z', 0, 0, 0, 0},
 		"oversized":    {'D', 0x7f, 0xff, 0xff, 0xff},
 		"short":        {'D', 0, 0, 0, 9, 'a'},
+		"short header": {'D', 0, 0},
+		"short large":  append([]byte{'D', 0, 0, 1, 0}, make([]byte, 100)...),
 	} {
-		if _, _, err := ReadFrame(bufio.NewReader(bytes.NewReader(b)), nil); err == nil || errors.Is(err, io.EOF) {
+		if _, _, err := newFrameReader(bytes.NewReader(b), 64).next(); err == nil || errors.Is(err, io.EOF) {
 			t.Errorf("%s: err %v, want a protocol error", name, err)
 		}
 	}
@@ -47,10 +60,9 @@ func FuzzReadFrame(f *testing.F) {
 	f.Add([]byte{'D', 0xff, 0xff, 0xff, 0xff})
 	f.Add([]byte{'H', 0, 0})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		r := bufio.NewReader(bytes.NewReader(b))
-		var buf []byte
+		r := newFrameReader(bytes.NewReader(b), 64)
 		for {
-			typ, p, err := ReadFrame(r, buf)
+			typ, p, err := r.next()
 			if err != nil {
 				return
 			}
@@ -61,7 +73,6 @@ func FuzzReadFrame(f *testing.F) {
 			if got := AppendFrame(nil, typ, p); !bytes.Contains(b, got) {
 				t.Fatalf("frame %v %q not in the input", typ, p)
 			}
-			buf = p
 		}
 	})
 }
@@ -155,5 +166,22 @@ func TestRelayDeadPeer(t *testing.T) {
 	}
 	if d := time.Since(start); d < 250*time.Millisecond || d > 3*time.Second {
 		t.Fatalf("dead link noticed after %v, want about the 300ms timeout", d)
+	}
+}
+
+// TestRecvSilentInsideAFrame: a peer that stops in the middle of a frame
+// is as dead as one that stops between frames.
+func TestRecvSilentInsideAFrame(t *testing.T) {
+	for name, partial := range map[string][]byte{
+		"small frame": AppendFrame(nil, Data, make([]byte, 100))[:50],
+		"large frame": AppendFrame(nil, Data, make([]byte, 200<<10))[:100<<10],
+	} {
+		t.Run(name, func(t *testing.T) {
+			a, _, raw := pair(t, 300*time.Millisecond) // raw: the socket a reads from, at its far end
+			go raw.Write(partial)
+			if _, _, err := a.Recv(); !errors.Is(err, ErrDead) {
+				t.Fatalf("receive: %v, want ErrDead", err)
+			}
+		})
 	}
 }
