@@ -652,7 +652,8 @@ func TestRulesAndDashboardsAreLinks(t *testing.T) {
 // nodes keep the agent as configured; nodes without GPUs get a second
 // DaemonSet, with its own ConfigMap (remoteClients.config merged over
 // config), node selector and pod labels, which neither DaemonSet's selector
-// shares; both configurations pass the agent's own check.
+// shares; both configurations pass the agent's own check; the metrics
+// Service takes both kinds of agent.
 func TestRemoteClientsInOneRelease(t *testing.T) {
 	vals := map[string]any{
 		"config": map[string]any{"remote": map[string]any{"enabled": true}},
@@ -726,6 +727,10 @@ func TestRemoteClientsInOneRelease(t *testing.T) {
 	if !mountsLibrary || len(gpu.Spec.Template.Spec.Containers[0].Ports) != 2 || len(client.Spec.Template.Spec.Containers[0].Ports) != 1 {
 		t.Errorf("the client DaemonSet installs no client library, or ports differ from each kind's: GPU %+v, client %+v",
 			gpu.Spec.Template.Spec.Containers[0].Ports, client.Spec.Template.Spec.Containers[0].Ports)
+	}
+	svc := labels.SelectorFromSet(o.Services[0].Spec.Selector)
+	if !svc.Matches(labels.Set(gpu.Spec.Template.Labels)) || !svc.Matches(labels.Set(client.Spec.Template.Labels)) {
+		t.Errorf("the metrics Service %v does not take both kinds of agent", svc)
 	}
 	checkConfig(t, configs[gpu.Name])
 	checkConfig(t, configs[client.Name])
