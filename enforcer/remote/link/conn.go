@@ -1,7 +1,6 @@
 package link
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -53,8 +52,7 @@ func (c *Conn) Send(t Type, payload []byte) error {
 // sendData writes frame[headerLen:] as a data frame, its header written
 // into frame[:headerLen]: the relayed bytes are not copied again.
 func (c *Conn) sendData(frame []byte) error {
-	frame[0] = byte(Data)
-	binary.BigEndian.PutUint32(frame[1:headerLen], uint32(len(frame)-headerLen))
+	putHeader(frame, Data, len(frame)-headerLen)
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	_, err := c.c.Write(frame)

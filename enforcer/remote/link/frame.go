@@ -51,9 +51,16 @@ func (t Type) String() string {
 
 // AppendFrame appends one frame to b.
 func AppendFrame(b []byte, t Type, payload []byte) []byte {
-	b = append(b, byte(t), 0, 0, 0, 0)
-	binary.BigEndian.PutUint32(b[len(b)-4:], uint32(len(payload)))
+	b = append(b, make([]byte, headerLen)...)
+	putHeader(b[len(b)-headerLen:], t, len(payload))
 	return append(b, payload...)
+}
+
+// putHeader writes the header of a frame of type t with n payload bytes
+// into h.
+func putHeader(h []byte, t Type, n int) {
+	h[0] = byte(t)
+	binary.BigEndian.PutUint32(h[1:headerLen], uint32(n))
 }
 
 // frameReader reads frames through a buffer of its own: a frame that arrived
