@@ -313,6 +313,15 @@ func TestRemoteFaults(t *testing.T) {
 	})
 	t.Logf("the server ended the cut-off session %v after the link broke", time.Since(broke))
 	r.server.Run(t, "ip", "link", "set", "gw0", "up")
+	// The link carries traffic again once the veth's carrier is back and
+	// the neighbour entry the cut left failed is resolved anew.
+	simtest.Eventually(t, 10*time.Second, func() error {
+		c, err := r.client.Dial(context.Background(), "tcp", serverAddr+":7070")
+		if err != nil {
+			return err
+		}
+		return c.Close()
+	})
 
 	// The server is killed while a client runs.
 	p = r.run(t, "a", []string{"--memory", "0.5"}, "workload", "--alloc", "1Gi", "--seconds", "60",
