@@ -312,3 +312,20 @@ func pidsOf(ps []agentapi.Process) []int {
 	}
 	return out
 }
+
+// timing says whether a comparison is failing but not yet long enough to be
+// a breach, or an instant breach is still reported: the next view may
+// differ from this one with nothing else changed.
+func (jd *judge) timing() bool {
+	for k := range jd.since {
+		if len(jd.since[k]) > 0 || len(jd.instant[k]) > 0 {
+			return true
+		}
+	}
+	for _, b := range jd.instant {
+		if len(b) > 0 {
+			return true
+		}
+	}
+	return false
+}

@@ -1,10 +1,8 @@
 package collector
 
 import (
-	"context"
 	"path/filepath"
 	"slices"
-	"time"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
 
@@ -28,7 +26,7 @@ type joiner struct {
 	procs    map[Key][]gpuProc       // the processes NVML lists, by cgroup and device
 	ordinals map[Key]int             // the CUDA ordinal of each entry a ledger covers
 	nvmlGPUs map[uint64]map[int]bool // the GPUs NVML lists each container's processes on
-	held     map[Key]float64         // shares the scheduler holds containers to (Sources.Held)
+	held     map[Key]float64         // shares the scheduler holds containers to (Scheduled.Held)
 	seenPIDs map[int]gpuProc         // identified this time, kept for the next view
 }
 
@@ -52,38 +50,27 @@ func (j *joiner) source(name string, err error) bool {
 	return err == nil
 }
 
-func (c *Collector) build(ctx context.Context) *View {
-	j := &joiner{c: c, v: &View{Node: c.node, Time: time.Now()}, entries: map[Key]*agentapi.ContainerDevice{},
+// join makes a view of what read read.
+func (c *Collector) join(in *inputs) *View {
+	j := &joiner{c: c, v: &View{Node: c.node, Time: in.time}, entries: map[Key]*agentapi.ContainerDevice{},
 		uuids: map[int]string{}, index: map[string]int{}, live: map[uint64]bool{}, procs: map[Key][]gpuProc{}, ordinals: map[Key]int{}, nvmlGPUs: map[uint64]map[int]bool{}, seenPIDs: map[int]gpuProc{}}
-	var devs []nvmldev.Device
-	if c.src.NVML != nil {
-		var err error
-		devs, err = c.src.NVML()
-		if j.source("nvml", err) {
-			for _, d := range devs {
-				j.uuids[d.Index], j.index[d.UUID] = d.UUID, d.Index
-				j.node = append(j.node, d.UUID)
-				j.v.Devices = append(j.v.Devices, agentapi.Device{Node: c.node, Index: d.Index, UUID: d.UUID, Name: d.Name,
-					MemoryTotalBytes: d.MemoryTotalBytes, MemoryUsedBytes: d.MemoryUsedBytes, Utilization: d.Utilization})
-			}
+	if c.src.NVML != nil && j.source("nvml", in.nvmlErr) {
+		for _, d := range in.devs {
+			j.uuids[d.Index], j.index[d.UUID] = d.UUID, d.Index
+			j.node = append(j.node, d.UUID)
+			j.v.Devices = append(j.v.Devices, agentapi.Device{Node: c.node, Index: d.Index, UUID: d.UUID, Name: d.Name,
+				MemoryTotalBytes: d.MemoryTotalBytes, MemoryUsedBytes: d.MemoryUsedBytes, Utilization: d.Utilization})
 		}
 	}
-	if c.src.Labels != nil {
-		var err error
-		j.labels, err = c.src.Labels(ctx)
-		if j.source("kubelet", err) {
-			c.labels.Store(&j.labels)
-		}
+	if c.src.Labels != nil && j.source("kubelet", in.labelsErr) {
+		j.labels = in.labels
 	}
-	ledgers, rejected := j.readLedgers()
-	j.addNVML(devs) // first: where NVML lists a container tells eBPF's ordinals apart
-	if c.src.EBPF != nil {
-		snap, err := c.src.EBPF()
-		if j.source("ebpf", err) {
-			j.addEBPF(snap, ledgers)
-		}
+	ledgers, rejected := j.verifyLedgers(in)
+	j.addNVML(in.devs) // first: where NVML lists a container tells eBPF's ordinals apart
+	if c.src.EBPF != nil && j.source("ebpf", in.ebpfErr) {
+		j.addEBPF(in.ebpf, ledgers)
 	}
-	j.finish(ledgers, rejected)
+	j.finish(ledgers, rejected, in.sched)
 	return j.v
 }
 
@@ -148,21 +135,16 @@ func (j *joiner) gpuOf(cg uint64, l *ledger, ordinal int) int {
 	return NoGPU
 }
 
-// readLedgers reads every <controlDir>/<key>/usage. Ledgers are untrusted
-// (containers write them): one that cannot be read is logged and skipped,
-// one whose cgroup claim is refused is returned apart, so the processes
-// that keep it can be found.
-func (j *joiner) readLedgers() (out map[uint64]*ledger, rejected []*ledger) {
+// verifyLedgers places the ledgers read and checks their cgroup claims.
+// Ledgers are untrusted (containers write them): one that could not be
+// read was logged and is skipped, one whose cgroup claim is refused is
+// returned apart, so the processes that keep it can be found.
+func (j *joiner) verifyLedgers(in *inputs) (out map[uint64]*ledger, rejected []*ledger) {
 	out = map[uint64]*ledger{}
-	if j.c.src.ControlDir == "" {
-		return out, nil
-	}
-	dirs, _, err := j.c.dirs.Names() // none: no container has run under the interposer yet
-	if !j.source("ledger", err) {
+	if j.c.src.ControlDir == "" || !j.source("ledger", in.dirsErr) { // none: no container has run under the interposer yet
 		return out, nil
 	}
 	seen := map[string]bool{}
-	defer j.c.ledgers.keep(seen)
 	defer j.c.judge.keepLedgers(seen)
 	defer func() {
 		for dir := range j.c.unmapped {
@@ -171,25 +153,24 @@ func (j *joiner) readLedgers() (out map[uint64]*ledger, rejected []*ledger) {
 			}
 		}
 	}()
-	for _, dir := range dirs {
-		seen[dir] = true
-		l, err := j.c.ledgers.read(j.c.src.ControlDir, dir)
-		if err != nil {
-			j.c.log.Debug("skipping ledger", "dir", dir, "err", err)
+	for _, r := range in.ledgers {
+		seen[r.dir] = true
+		if r.err != nil {
 			continue
 		}
+		l := &ledger{dir: r.dir, usage: r.usage, limits: r.limits}
 		j.place(l)
 		if j.c.src.Claims == nil {
 			continue
 		}
-		if _, err := j.c.src.Claims.Verify(dir, l.usage, j.assigned()); err != nil {
-			j.c.log.Debug("ledger's cgroup claim refused", "dir", dir, "cgroup", l.usage.CgroupID, "err", err)
+		if _, err := j.c.src.Claims.Verify(l.dir, l.usage, j.assigned()); err != nil {
+			j.c.log.Debug("ledger's cgroup claim refused", "dir", l.dir, "cgroup", l.usage.CgroupID, "err", err)
 			l.refused = err
 			rejected = append(rejected, l)
 			continue
 		}
 		if out[l.usage.CgroupID] != nil {
-			j.c.log.Warn("two ledgers vouch for one cgroup; the second is ignored", "dir", dir, "cgroup", l.usage.CgroupID)
+			j.c.log.Warn("two ledgers vouch for one cgroup; the second is ignored", "dir", l.dir, "cgroup", l.usage.CgroupID)
 			continue
 		}
 		out[l.usage.CgroupID] = l
@@ -287,22 +268,25 @@ func (j *joiner) identify(pid int) gpuProc {
 	return p
 }
 
-// finish merges the ledgers, names every container and fills the view.
-func (j *joiner) finish(ledgers map[uint64]*ledger, rejected []*ledger) {
+// finish merges the ledgers and what the enforcer holds containers to,
+// names every container and fills the view.
+func (j *joiner) finish(ledgers map[uint64]*ledger, rejected []*ledger, scheduled map[GPUKey]Scheduled) {
 	for cg, l := range ledgers {
 		j.addLedger(cg, l)
 	}
-	if j.c.src.Held != nil {
-		j.held = byIndex(j, j.c.src.Held())
+	sched := byIndex(j, scheduled)
+	j.held = map[Key]float64{}
+	rewinds := make(map[Key]uint64, len(sched))
+	for k, s := range sched {
+		if s.Held {
+			j.held[k] = s.Target
+		}
+		rewinds[k] = s.Rewinds
 	}
-	if j.c.src.Rewinds != nil {
-		j.c.judge.enforcerRewinds(byIndex(j, j.c.src.Rewinds()), j.v.Time)
+	if j.c.src.Scheduling != nil {
+		j.c.judge.enforcerRewinds(rewinds, j.v.Time)
 	}
 	j.judgeAll(ledgers, rejected, j.v.Time)
-	var targets map[Key]float64
-	if j.c.src.Targets != nil {
-		targets = byIndex(j, j.c.src.Targets())
-	}
 	for k, e := range j.entries {
 		if e.CgroupPath == "" && j.c.src.Cgroups != nil {
 			e.CgroupPath, _ = j.c.src.Cgroups.Path(k.Cgroup)
@@ -313,7 +297,7 @@ func (j *joiner) finish(ledgers map[uint64]*ledger, rejected []*ledger) {
 			dir = l.dir
 		}
 		e.Namespace, e.Pod, e.Container = j.name(dir, e.CgroupPath)
-		if t, ok := targets[k]; ok {
+		if t := sched[k].Target; t > 0 {
 			e.ComputeLimit = t
 		}
 		if e.ComputeShare > 1 {

@@ -23,9 +23,10 @@ type Sources struct {
 	NVML       func() ([]nvmldev.Device, error)
 	ControlDir string // interposer ledgers: <ControlDir>/<container key>/{usage,limits}
 	// Labels names a container from its ledger directory and cgroup path
-	// (Kubernetes: the kubelet's pod-resources answer); nil or false: the
-	// labels come from the cgroup path.
-	Labels  func(ctx context.Context) (LabelFunc, error)
+	// (Kubernetes: the kubelet's pod-resources answer), and identifies the
+	// answer it names them from (equal answers, equal numbers); nil or
+	// false: the labels come from the cgroup path.
+	Labels  func(ctx context.Context) (LabelFunc, uint64, error)
 	Cgroups *cgroups.Resolver
 	// Sessions names the client of a remote GPU session from its worker's
 	// cgroup path (its certificate's identity); nil: no remote sessions.
@@ -36,16 +37,21 @@ type Sources struct {
 	// CgroupNSRoot is the host path of the agent's cgroup namespace root,
 	// which processes' cgroup paths are relative to ("" or "/": none).
 	CgroupNSRoot string
-	// Targets gives the enforcer's target share (0-1) per cgroup and GPU.
-	Targets func() map[GPUKey]float64
-	// Held gives the share (0-1) the scheduler holds each container to
-	// where it may not use more: gated, not borrowing (soft), not high
-	// priority, below the whole device.
-	Held func() map[GPUKey]float64
-	// Rewinds gives, per cgroup and device, how many times the enforcer
-	// (which reads launch tickets every few milliseconds) saw a ledger's
-	// tickets go back.
-	Rewinds func() map[GPUKey]uint64
+	// Scheduling gives what the enforcer holds each container to, per
+	// cgroup and GPU; nil: no enforcer.
+	Scheduling func() map[GPUKey]Scheduled
+}
+
+// Scheduled is what the enforcer holds one container to on one GPU.
+type Scheduled struct {
+	// Target is its target share, 0-1; 0: none (the native policy).
+	Target float64
+	// Held: the gate holds it to Target, with no borrowing (soft) or
+	// priority to take more, and Target is below the whole device.
+	Held bool
+	// Rewinds counts the times the enforcer (which reads launch tickets
+	// every few milliseconds) saw its ledger's tickets go back.
+	Rewinds uint64
 }
 
 // LabelFunc names the container of a ledger directory or cgroup path.
@@ -78,9 +84,17 @@ type Collector struct {
 	log     *slog.Logger
 	maxAge  time.Duration // a view younger than this is served again
 
-	mu     sync.Mutex
-	last   *View
-	totals map[Key]*controlblock.ProcTotals // per cgroup and GPU: launches and throttled time
+	mu   sync.Mutex
+	last *View
+	// from is what last was joined from, at joined; quiet: nothing in last
+	// moves with time alone, so the same inputs make it again.
+	from   *inputs
+	joined time.Time
+	quiet  bool
+	joins  uint64 // views joined, for View.gen
+
+	families families                         // the metric families of the last view joined
+	totals   map[Key]*controlblock.ProcTotals // per cgroup and GPU: launches and throttled time
 	// unmapped holds the ledger directories already logged for GPUs of
 	// unknown UUID.
 	unmapped map[string]bool
@@ -110,10 +124,26 @@ func (c *Collector) View(ctx context.Context) *View {
 	if c.last != nil && time.Since(c.last.Time) < c.maxAge {
 		return c.last
 	}
-	v := c.build(ctx)
+	c.last = c.build(ctx)
+	return c.last
+}
+
+// build reads the sources and joins them into a view, unless they read as
+// they did for the last view, which showed nothing moving, joined less than
+// rejoinEvery ago: then it is that view again, as of now.
+func (c *Collector) build(ctx context.Context) *View {
+	in := c.read(ctx)
+	if c.last != nil && c.quiet && in.time.Sub(c.joined) < rejoinEvery && in.same(c.from) {
+		v := *c.last
+		v.Time = in.time
+		return &v
+	}
+	v := c.join(in)
+	c.joins++
+	v.gen = c.joins
 	v.BadLedgers = c.ledgers.badList()
 	c.logBadLedgers(v.BadLedgers)
-	c.last = v
+	c.from, c.joined, c.quiet = in, in.time, c.quietView(in, v)
 	return v
 }
 

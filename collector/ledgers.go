@@ -25,9 +25,10 @@ type ledgerFiles struct {
 }
 
 type openLedger struct {
-	usage     *controlblock.Ledger
-	limits    *controlblock.LimitsFile
-	limitsIno uint64
+	usage      *controlblock.Ledger
+	limits     *controlblock.LimitsFile
+	limitsIno  uint64
+	limitsPath string
 }
 
 func inode(path string) (uint64, bool) {
@@ -51,7 +52,7 @@ func (f *ledgerFiles) readUsage(controlDir, dir string) (*ledger, error) {
 	}
 	m := f.open[dir]
 	if m == nil {
-		m = &openLedger{}
+		m = &openLedger{limitsPath: controlblock.LimitsPath(controlDir, dir)}
 		f.open[dir] = m
 	}
 	if m.usage == nil {
@@ -70,7 +71,7 @@ func (f *ledgerFiles) readUsage(controlDir, dir string) (*ledger, error) {
 		return nil, err // kept open: it knows whether its file held a ledger before
 	}
 	l := &ledger{dir: dir, usage: snap}
-	lp := controlblock.LimitsPath(controlDir, dir)
+	lp := m.limitsPath
 	if ino, ok := inode(lp); !ok {
 		m.closeLimits()
 	} else {

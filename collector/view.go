@@ -18,6 +18,7 @@ type View struct {
 
 	probeEvents, probeLost uint64
 	probesOn               bool
+	gen                    uint64 // which view joined this is: a view served again keeps it
 }
 
 func (v *View) sort() {

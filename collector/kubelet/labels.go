@@ -1,6 +1,29 @@
 package kubelet
 
-import "github.com/gpuwarden/gpuwarden/collector/cgroups"
+import (
+	"hash/maphash"
+
+	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+)
+
+// digestSeed keys Digest.
+var digestSeed = maphash.MakeSeed()
+
+// Digest identifies an answer of the kubelet's, whatever the order it lists
+// the assignments in: equal answers have equal digests.
+func Digest(as []Assignment) uint64 {
+	var sum uint64
+	for _, a := range as {
+		var h maphash.Hash
+		h.SetSeed(digestSeed)
+		for _, s := range append([]string{a.Namespace, a.Pod, a.Container, a.Resource}, a.DeviceIDs...) {
+			h.WriteString(s)
+			h.WriteByte(0)
+		}
+		sum += h.Sum64()
+	}
+	return sum + uint64(len(as))
+}
 
 // Labels returns a function naming the container whose control-block
 // directory is dir, from the kubelet's assignments: the device plugin named

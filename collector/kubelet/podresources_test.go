@@ -70,3 +70,22 @@ func TestLabelsByAllocationDir(t *testing.T) {
 		t.Error("a directory was taken for a cgroup of another pod")
 	}
 }
+
+// TestDigestIdentifiesAnAnswer: the kubelet lists pods in any order; the
+// digest of an answer does not depend on it, and tells answers apart.
+func TestDigestIdentifiesAnAnswer(t *testing.T) {
+	a := kubelet.Assignment{Namespace: "ns", Pod: "a", Container: "c", Resource: "gpuwarden.io/gpu", DeviceIDs: []string{"gpu0-s1"}}
+	b := kubelet.Assignment{Namespace: "ns", Pod: "b", Container: "c", Resource: "gpuwarden.io/gpu", DeviceIDs: []string{"gpu0-s2"}}
+	if kubelet.Digest([]kubelet.Assignment{a, b}) != kubelet.Digest([]kubelet.Assignment{b, a}) {
+		t.Error("the same answer in another order has another digest")
+	}
+	moved := b
+	moved.DeviceIDs = []string{"gpu0-s3"}
+	split := a
+	split.Pod, split.Container = "a/c", ""
+	for _, other := range [][]kubelet.Assignment{{a}, {a, moved}, {split, b}, nil} {
+		if kubelet.Digest(other) == kubelet.Digest([]kubelet.Assignment{a, b}) {
+			t.Errorf("answer %v has the digest of another", other)
+		}
+	}
+}

@@ -154,7 +154,7 @@ func TestLedgerReadsThroughChanges(t *testing.T) {
 
 // A ledger whose header reads the same is answered from its last read,
 // slots included, for at most slotsStale reads; a changed header is read
-// whole at once.
+// whole at once. While it reads the same it is the same snapshot.
 func TestLedgerRereadsSlots(t *testing.T) {
 	p, l := openValidLedger(t)
 	buf := new(Usage)
@@ -164,7 +164,12 @@ func TestLedgerRereadsSlots(t *testing.T) {
 		must(t, err)
 		return s
 	}
-	read()
+	first := read()
+	for i := 0; i <= slotsStale; i++ { // the last one reads it whole
+		if s := read(); s != first {
+			t.Fatalf("read %d of an unchanged ledger made a new snapshot", i+2)
+		}
+	}
 	f, err := os.OpenFile(p, os.O_WRONLY, 0)
 	must(t, err)
 	defer f.Close()
@@ -173,6 +178,9 @@ func TestLedgerRereadsSlots(t *testing.T) {
 	must(t, err)
 	reads := 0
 	for s := read(); s.Procs[0].Pid != 43; s = read() {
+		if s != first {
+			t.Fatal("a snapshot that reads as before is a new one")
+		}
 		if reads++; reads > slotsStale {
 			t.Fatalf("a slot's change was not read in %d reads", reads)
 		}
@@ -186,6 +194,24 @@ func TestLedgerRereadsSlots(t *testing.T) {
 	must(t, err)
 	if s := read(); s.Procs[0].Pid != 44 || s.ReservedBytes[0] != 3<<30|1 {
 		t.Errorf("after a header change: pid %d, reserved %d; want 44 and %d at once", s.Procs[0].Pid, s.ReservedBytes[0], uint64(3<<30|1))
+	}
+}
+
+// TestLedgerHeaderCutUnderItsMapping: a ledger truncated between its stat
+// and its read faults in the mapped header; the fault is the container's
+// bad file, not the agent's death.
+func TestLedgerHeaderCutUnderItsMapping(t *testing.T) {
+	p, l := openValidLedger(t)
+	buf := new(Usage)
+	if _, err := l.Read(buf); err != nil {
+		t.Fatal(err)
+	}
+	must(t, os.Truncate(p, 0))
+	if err := l.pread(usageBytes(buf)[:usageHeader], 0); !errors.Is(err, ErrBadFile) {
+		t.Errorf("header read of a truncated ledger: %v, want ErrBadFile", err)
+	}
+	if _, err := l.Read(buf); !errors.Is(err, ErrBadFile) {
+		t.Errorf("read of a truncated ledger: %v, want ErrBadFile", err)
 	}
 }
 

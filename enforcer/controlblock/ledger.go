@@ -17,13 +17,15 @@ var ledgerRule = fileRule{size: int64(UsageSize)}
 var ErrNotLaidOut = errors.New("ledger not laid out yet")
 
 // Ledger is a container's usage file held open for repeated reads. Every
-// read is a pread into the caller's buffer (the header, then the slots
-// unless snapshotCache answers), so a ledger that shrinks, grows or turns
-// into something else never faults, blocks or grows the agent: it is an
-// error for its container.
+// read copies into the caller's buffer: the header from a read-only
+// mapping under a fault guard, then the slots with pread unless
+// snapshotCache answers. So a ledger that shrinks, grows or turns into
+// something else never kills, blocks or grows the agent: it is an error
+// for its container.
 type Ledger struct {
 	path     string
 	fd       int
+	mem      []byte // the header, mapped
 	dev, ino uint64
 	laidOut  bool // this inode read as a ledger once
 	cache    snapshotCache
@@ -72,7 +74,12 @@ func (l *Ledger) reopen(st *syscall.Stat_t) error {
 		syscall.Close(fd)
 		return fmt.Errorf("open ledger %s: %w: replaced while opened", l.path, ErrBadFile)
 	}
-	l.fd = fd
+	mem, err := syscall.Mmap(fd, 0, usageHeader, syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		syscall.Close(fd)
+		return fmt.Errorf("map ledger %s: %w", l.path, err)
+	}
+	l.fd, l.mem = fd, mem
 	return nil
 }
 
@@ -99,6 +106,12 @@ func (l *Ledger) Read(scratch *Usage) (*UsageSnapshot, error) {
 // pread fills b from the ledger at off: a ledger shorter than the ABI's
 // size is a bad file.
 func (l *Ledger) pread(b []byte, off int64) error {
+	if off == 0 && len(b) <= len(l.mem) {
+		if copyMapped(b, l.mem) != nil {
+			return fmt.Errorf("%w: shorter than its header", ErrBadFile)
+		}
+		return nil
+	}
 	n, err := syscall.Pread(l.fd, b, off)
 	if err != nil {
 		return err
@@ -114,8 +127,8 @@ func (l *Ledger) Close() error {
 	if l.fd < 0 {
 		return nil
 	}
-	err := syscall.Close(l.fd)
-	l.fd = -1
+	err := errors.Join(syscall.Munmap(l.mem), syscall.Close(l.fd))
+	l.fd, l.mem = -1, nil
 	return err
 }
 

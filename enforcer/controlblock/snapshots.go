@@ -1,6 +1,9 @@
 package controlblock
 
-import "hash/maphash"
+import (
+	"hash/maphash"
+	"slices"
+)
 
 // snapshotCache answers a ledger read again from its last snapshot while
 // the ledger's header (its container-wide counters and claims) reads the
@@ -8,7 +11,9 @@ import "hash/maphash"
 // did nothing since; the header is 4 of a ledger's 36 KiB. Any allocation,
 // launch or wait changes the header; a process starting or leaving without
 // touching a GPU changes only its slot, so the slots are read again at
-// least every slotsStale reads.
+// least every slotsStale reads. A ledger read whole that says what the last
+// snapshot says is answered with that snapshot, so one snapshot stands for
+// one content: a reader may tell "unchanged" by the pointer.
 type snapshotCache struct {
 	last   *UsageSnapshot
 	head   uint64 // the hash of the header last was read from
@@ -42,6 +47,9 @@ func (c *snapshotCache) read(u *Usage, readAt func(b []byte, off int64) error) (
 	if err != nil {
 		*c = snapshotCache{}
 		return nil, err
+	}
+	if c.last != nil && head == c.head && slices.Equal(s.Procs, c.last.Procs) && slices.Equal(s.Problems, c.last.Problems) {
+		s = c.last // the header parsed the same: only the slots could differ
 	}
 	*c = snapshotCache{last: s, head: head}
 	return s, nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime/debug"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"unicode/utf8"
@@ -202,15 +203,24 @@ func OpenUsage(path string) (*UsageFile, error) {
 	return &UsageFile{fd: fd, mem: mem}, nil
 }
 
+// scratches are buffers for Snapshot: the scheduler reads hundreds of
+// ledgers a second, and a snapshot keeps nothing of its buffer.
+var scratches = sync.Pool{New: func() any { return new(Usage) }}
+
 // Snapshot copies and validates the ledger as it is now (snapshotCache).
 func (f *UsageFile) Snapshot() (*UsageSnapshot, error) {
-	var u Usage
-	return f.cache.read(&u, f.readAt)
+	u := scratches.Get().(*Usage)
+	defer scratches.Put(u)
+	return f.cache.read(u, f.readAt)
 }
 
 // readAt fills b from the ledger at off; ErrLedgerShrank when it is
-// shorter than the ABI's size (truncated) or cannot be read.
+// shorter than the ABI's size (truncated) or cannot be read. The header is
+// copied from the mapping, which costs no system call.
 func (f *UsageFile) readAt(b []byte, off int64) error {
+	if off == 0 && len(b) <= len(f.mem) {
+		return copyMapped(b, f.mem)
+	}
 	for n := 0; n < len(b); {
 		m, err := syscall.Pread(f.fd, b[n:], off+int64(n))
 		if err == syscall.EINTR {
@@ -262,6 +272,22 @@ func (f *UsageFile) load(off uintptr) uint64 {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
 	defer recoverFault()
 	return atomic.LoadUint64((*uint64)(unsafe.Pointer(&f.mem[off])))
+}
+
+// copyMapped copies mapped bytes into b under a fault guard: a ledger
+// truncated under its mapping is ErrLedgerShrank.
+func copyMapped(b, mem []byte) (err error) {
+	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+	defer func() {
+		if r := recover(); r != nil {
+			if _, fault := r.(interface{ Addr() uintptr }); !fault {
+				panic(r)
+			}
+			err = ErrLedgerShrank
+		}
+	}()
+	copy(b, mem)
+	return nil
 }
 
 // recoverFault ends a memory fault (the panic SetPanicOnFault makes of

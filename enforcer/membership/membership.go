@@ -353,38 +353,35 @@ type GPUKey struct {
 	UUID   string
 }
 
-// Targets gives each container's target share per device.
-func (e *Enforcement) Targets() map[GPUKey]float64 {
-	return perContainer(e, func(st scheduler.Status) (float64, bool) {
-		return st.Target, st.Target > 0 && st.Policy != policy.Native
-	})
+// Scheduled is what the scheduler holds one container to on one GPU.
+type Scheduled struct {
+	// Target is its target share, 0-1; 0: none (the native policy).
+	Target float64
+	// Held: the gate holds it to Target, with no borrowing (soft) or
+	// priority to take more, and Target is below the whole device.
+	Held bool
+	// Rewinds counts the times its launch tickets went back.
+	Rewinds uint64
 }
 
-// Held gives the share each container may not exceed: held to by the gate,
-// with no borrowing (soft) or priority to take more.
-func (e *Enforcement) Held() map[GPUKey]float64 {
-	return perContainer(e, func(st scheduler.Status) (float64, bool) {
-		return st.Target, st.Gated && st.Policy != policy.Soft && !st.High && st.Target > 0 && st.Target < 1
-	})
-}
-
-// Rewinds gives how many times the scheduler saw each container's launch
-// tickets go back, per device.
-func (e *Enforcement) Rewinds() map[GPUKey]uint64 {
-	return perContainer(e, func(st scheduler.Status) (uint64, bool) { return st.Rewinds, true })
-}
-
-// perContainer keys what pick takes from each container's scheduler status
-// (where it says to keep it) by the container's cgroup and device.
-func perContainer[T any](e *Enforcement, pick func(scheduler.Status) (T, bool)) map[GPUKey]T {
-	out := map[GPUKey]T{}
+// Scheduling gives what the scheduler holds each container to, per device:
+// one reading of its state for a whole view.
+func (e *Enforcement) Scheduling() map[GPUKey]Scheduled {
 	byKey := e.cgroups()
-	for _, st := range e.s.Status() {
-		if cg, ok := byKey[st.Key]; ok {
-			if v, keep := pick(st); keep {
-				out[GPUKey{Cgroup: cg, UUID: st.GPU}] = v
-			}
+	status := e.s.Status()
+	out := make(map[GPUKey]Scheduled, len(status))
+	for _, st := range status {
+		cg, ok := byKey[st.Key]
+		if !ok {
+			continue
 		}
+		var s Scheduled
+		if st.Target > 0 && st.Policy != policy.Native {
+			s.Target = st.Target
+		}
+		s.Held = st.Gated && st.Policy != policy.Soft && !st.High && st.Target > 0 && st.Target < 1
+		s.Rewinds = st.Rewinds
+		out[GPUKey{Cgroup: cg, UUID: st.GPU}] = s
 	}
 	return out
 }

@@ -60,7 +60,7 @@ func start(t *testing.T, controlDir string) *Enforcement {
 		},
 		// As the collector's view does, it asks membership for its targets.
 		PodContainer: func(name string) (uint64, bool) {
-			e.Targets()
+			e.Scheduling()
 			return 41, name == "ns/pod/ctr"
 		},
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})

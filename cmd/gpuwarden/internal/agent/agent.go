@@ -73,21 +73,9 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 		verifier = claims.NewVerifier(resolver, cgroupFS, cfg.Paths.Proc)
 	}
 	src := collector.Sources{ControlDir: cfg.ControlDir, Cgroups: resolver, Claims: verifier, ProcRoot: cfg.Paths.Proc, CgroupNSRoot: a.nsRoot,
-		Targets: func() map[collector.GPUKey]float64 {
+		Scheduling: func() map[collector.GPUKey]collector.Scheduled {
 			if e := a.enf.Load(); e != nil {
-				return byCgroupGPU(e.Targets())
-			}
-			return nil
-		},
-		Held: func() map[collector.GPUKey]float64 {
-			if e := a.enf.Load(); e != nil {
-				return byCgroupGPU(e.Held())
-			}
-			return nil
-		},
-		Rewinds: func() map[collector.GPUKey]uint64 {
-			if e := a.enf.Load(); e != nil {
-				return byCgroupGPU(e.Rewinds())
+				return scheduledByCgroupGPU(e.Scheduling())
 			}
 			return nil
 		}}
@@ -302,11 +290,12 @@ func (a *Agent) Close() error {
 	return errors.Join(errs...)
 }
 
-// byCgroupGPU keys the enforcer's figures as the collector does.
-func byCgroupGPU[T any](m map[membership.GPUKey]T) map[collector.GPUKey]T {
-	out := make(map[collector.GPUKey]T, len(m))
+// scheduledByCgroupGPU keys what the enforcer holds containers to as the
+// collector does.
+func scheduledByCgroupGPU(m map[membership.GPUKey]membership.Scheduled) map[collector.GPUKey]collector.Scheduled {
+	out := make(map[collector.GPUKey]collector.Scheduled, len(m))
 	for k, v := range m {
-		out[collector.GPUKey{Cgroup: k.Cgroup, UUID: k.UUID}] = v
+		out[collector.GPUKey{Cgroup: k.Cgroup, UUID: k.UUID}] = collector.Scheduled(v)
 	}
 	return out
 }

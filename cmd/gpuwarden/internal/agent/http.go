@@ -2,6 +2,7 @@ package agent
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/http/pprof"
 
@@ -11,16 +12,17 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	dto "github.com/prometheus/client_model/go"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/control"
 )
 
 func (a *Agent) mux() *http.ServeMux {
 	reg := prometheus.NewRegistry()
-	reg.MustRegister(a.coll, collectors.NewGoCollector(),
+	reg.MustRegister(collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{Namespace: "gpuwarden_agent"}))
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{ErrorLog: slogAdapter{a}}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(concatGatherers{reg, a.coll}, promhttp.HandlerOpts{ErrorLog: slogAdapter{a}}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", a.readyz)
 	mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -45,6 +47,26 @@ func (a *Agent) readyz(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}
 	_ = json.NewEncoder(w).Encode(agentapi.ReadyResponse{Ready: ready, Parts: p})
+}
+
+// concatGatherers serves the families of each gatherer in turn. Unlike
+// prometheus.Gatherers it does not check every series again: each gatherer
+// checked its own, and their family names do not overlap (the agent's
+// process and Go runtime, and the collector's gpuwarden_*; a test holds
+// them apart).
+type concatGatherers []prometheus.Gatherer
+
+func (g concatGatherers) Gather() ([]*dto.MetricFamily, error) {
+	var out []*dto.MetricFamily
+	var errs []error
+	for _, x := range g {
+		fams, err := x.Gather()
+		out = append(out, fams...)
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return out, errors.Join(errs...)
 }
 
 // slogAdapter lets promhttp log through the agent's logger.

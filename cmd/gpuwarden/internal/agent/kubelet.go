@@ -13,7 +13,7 @@ import (
 // startKubelet connects to the kubelet's pod-resources API when its socket
 // exists; off Kubernetes there is none and containers are labelled by
 // their cgroup paths.
-func (a *Agent) startKubelet(pods *podAnnotations) func(context.Context) (collector.LabelFunc, error) {
+func (a *Agent) startKubelet(pods *podAnnotations) func(context.Context) (collector.LabelFunc, uint64, error) {
 	sock := a.cfg.Kubelet.PodResourcesSocket
 	if sock == "" {
 		return nil
@@ -30,13 +30,13 @@ func (a *Agent) startKubelet(pods *podAnnotations) func(context.Context) (collec
 	}
 	a.closers = append(a.closers, pr.Close)
 	a.pods = pr
-	return func(ctx context.Context) (collector.LabelFunc, error) {
+	return func(ctx context.Context) (collector.LabelFunc, uint64, error) {
 		as, err := pr.List(ctx, func(r string) bool { return strings.HasPrefix(r, "gpuwarden.io/") })
 		a.parts.set("kubelet", true, err)
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		uid := func(namespace, pod string) string { return pods.uid(ctx, a, namespace, pod) }
-		return kubelet.Labels(as, allocation.DirName, uid), nil
+		return kubelet.Labels(as, allocation.DirName, uid), kubelet.Digest(as), nil
 	}
 }
