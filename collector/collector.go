@@ -93,8 +93,8 @@ type Collector struct {
 	quiet  bool
 	joins  uint64 // views joined, for View.gen
 
-	families families                         // the metric families of the last view joined
-	totals   map[Key]*controlblock.ProcTotals // per cgroup and GPU: launches and throttled time
+	exposed exposition                       // the last view joined, encoded for scrapes
+	totals  map[Key]*controlblock.ProcTotals // per cgroup and GPU: launches and throttled time
 	// unmapped holds the ledger directories already logged for GPUs of
 	// unknown UUID.
 	unmapped map[string]bool

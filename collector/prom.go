@@ -3,43 +3,23 @@ package collector
 import (
 	"context"
 	"strconv"
-	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 )
 
-// families are the metric families of one joined view (View.gen): at a
-// thousand containers, making and checking its 20,000 series costs more
-// than the rest of a scrape, and a view served again (Collector.build) has
-// the same series.
-type families struct {
-	mu   sync.Mutex
-	gen  uint64
-	fams []*dto.MetricFamily
+// Gather implements prometheus.Gatherer: the current view's metric
+// families, checked by a registry of their own.
+func (c *Collector) Gather() ([]*dto.MetricFamily, error) {
+	return c.gather(c.View(context.Background()))
 }
 
-// Gather implements prometheus.Gatherer: the current view's metric
-// families, gathered once per view joined. They are shared between scrapes:
-// nothing may change them.
-func (c *Collector) Gather() ([]*dto.MetricFamily, error) {
-	v := c.View(context.Background())
-	f := &c.families
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.fams != nil && f.gen == v.gen {
-		return f.fams, nil
-	}
+func (c *Collector) gather(v *View) ([]*dto.MetricFamily, error) {
 	reg := prometheus.NewRegistry()
 	if err := reg.Register(viewMetrics{c, v}); err != nil {
 		return nil, err
 	}
-	fams, err := reg.Gather()
-	if err != nil {
-		return nil, err
-	}
-	f.gen, f.fams = v.gen, fams
-	return fams, nil
+	return reg.Gather()
 }
 
 // viewMetrics are one view's metrics, for a registry to check and gather.

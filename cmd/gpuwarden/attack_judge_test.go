@@ -305,6 +305,32 @@ func TestAttackHiddenProcessKilledAlone(t *testing.T) {
 	agentServes(t, agent)
 }
 
+// A breach outside enforcement.breachScope (a node's own GPU daemon, a job
+// run outside Kubernetes) is reported, never stopped: the process lives on
+// under onBreach: kill.
+func TestBreachOutsideScopeReportedOnly(t *testing.T) {
+	simtest.RequirePrivileged(t, "eBPF and cgroups")
+	m := simtest.NewMachine(t, 1, "16Gi")
+	cg := simtest.NewCgroup(t, "daemon")
+	agent := simtest.StartAgent(t, m, "GPUWARDEN_ENFORCEMENT_ON_BREACH=kill",
+		"GPUWARDEN_ENFORCEMENT_BREACH_SCOPE=/gpuwarden-test/tenants,"+cg.Rel+"-sibling")
+	daemon := simtest.StartAllocProg(t, cg.Place(m.Command(simtest.Bin(t, "bpf/cuda-alloc")))) // no interposer
+	daemon.Do(t, "ctx 0")
+	daemon.Do(t, "alloc linear %d", 256<<20)
+
+	wantBreach(t, agent, cg.Rel, collector.BreachBypass)
+	wantEvent(t, agent, "breach", collector.BreachBypass, cg.Rel) // acted on, where it is, in the same turn
+	var evs []event
+	agent.GetJSON(t, "/api/v1/events", &evs)
+	for _, ev := range evs {
+		if ev.Cgroup == cg.Rel && ev.Kind != "breach" {
+			t.Errorf("a breach outside the scope was acted on: %+v", ev)
+		}
+	}
+	daemon.Do(t, "alloc linear %d", 256<<20) // alive
+	agentServes(t, agent)
+}
+
 // Attack 3: a bypass through a renamed copy of libcuda: the eBPF scan finds
 // it by its exports, so the bytes are eBPF's, exact, not NVML's.
 func TestAttackRenamedLibcuda(t *testing.T) {

@@ -192,6 +192,7 @@ func (r *remoteRunner) compare(f figure, stdout io.Writer) error {
 				r.setNetem(false)
 			}
 			if err != nil {
+				time.Sleep(2 * time.Second) // for the agent to log how the session's worker ended
 				log, _ := os.ReadFile(filepath.Join(r.m.dir, "agent.log"))
 				return fmt.Errorf("%w\nthe agent's log ends:\n%s", err, lastLines(string(log), 15))
 			}

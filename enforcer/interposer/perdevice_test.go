@@ -22,8 +22,10 @@ func TestLaunchesCountedPerDevice(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		lim.Heartbeat()
-		if u, err := os.ReadFile(b.usagePath()); err == nil && len(u) == controlblock.UsageSize {
-			if l := b.ledger(); l.LaunchesIssued[0] >= 1 {
+		// The interposer sizes the file before it writes the header: a
+		// ledger that does not parse yet is not laid out yet.
+		if u, err := os.ReadFile(b.usagePath()); err == nil {
+			if l, err := controlblock.ParseUsage(u); err == nil && l.LaunchesIssued[0] >= 1 {
 				break
 			}
 		}

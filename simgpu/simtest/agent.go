@@ -58,6 +58,10 @@ func StartAgentIn(t testing.TB, m *Machine, ns *NetNS, env ...string) *Agent {
 		"GPUWARDEN_EBPF_PIN_DIR=",
 		"GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET=",
 		"GPUWARDEN_LOG_LEVEL=debug",
+		// Its onBreach stops test containers only: the probes see every
+		// process on the machine that maps a libcuda (a benchmark's, a
+		// developer's own), and those are not this agent's to stop.
+		"GPUWARDEN_ENFORCEMENT_BREACH_SCOPE="+cgroupRoot,
 	)
 	cmd.Env = append(cmd.Env, env...) // later entries win
 	for _, kv := range env {

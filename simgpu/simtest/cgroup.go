@@ -21,6 +21,9 @@ type Cgroup struct {
 	fd   int
 }
 
+// cgroupRoot holds every test's cgroups.
+const cgroupRoot = "/gpuwarden-test"
+
 // NewCgroup makes a cgroup for the test, removed (its processes killed) when
 // the test ends. It needs root.
 func NewCgroup(t testing.TB, name string) *Cgroup {
@@ -30,7 +33,7 @@ func NewCgroup(t testing.TB, name string) *Cgroup {
 	if err != nil {
 		t.Fatal(err)
 	}
-	rel := fmt.Sprintf("/gpuwarden-test/%s-%d-%d", name, os.Getpid(), time.Now().UnixNano())
+	rel := fmt.Sprintf("%s/%s-%d-%d", cgroupRoot, name, os.Getpid(), time.Now().UnixNano())
 	path := filepath.Join(mnt, rel)
 	if err := os.MkdirAll(path, 0o755); err != nil {
 		t.Fatalf("make cgroup: %v", err)

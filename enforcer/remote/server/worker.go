@@ -11,6 +11,7 @@ import (
 	"path"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -119,6 +120,7 @@ type proc struct {
 	sock   net.Conn // the server's end of the worker's socket
 	cgroup string   // directory
 	done   chan struct{}
+	killed atomic.Bool // by stop, after its grace
 }
 
 // start makes the session's cgroup and starts its worker in it, fd 3 one
@@ -175,7 +177,11 @@ func (w Worker) start(name string, g session.Welcome, log *slog.Logger) (*proc, 
 			log.Info("remote: worker", "pid", cmd.Process.Pid, "stderr", sc.Text())
 		}
 		err := cmd.Wait()
-		log.Debug("remote: worker exited", "pid", cmd.Process.Pid, "status", fmt.Sprint(err))
+		if err != nil && !p.killed.Load() { // a crash, or a kill from outside: the client sees its link close
+			log.Warn("remote: worker ended abnormally", "pid", cmd.Process.Pid, "status", err.Error())
+		} else {
+			log.Debug("remote: worker exited", "pid", cmd.Process.Pid, "status", fmt.Sprint(err))
+		}
 		close(p.done)
 	}()
 	return p, nil
@@ -189,6 +195,7 @@ func (p *proc) stop(log *slog.Logger) {
 	case <-p.done:
 	case <-time.After(stopGrace):
 		log.Warn("remote: worker still running after its session ended; killing its cgroup", "pid", p.cmd.Process.Pid)
+		p.killed.Store(true)
 		_ = p.cmd.Process.Kill()
 	}
 	removeCgroup(p.cgroup)

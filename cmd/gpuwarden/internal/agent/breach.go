@@ -132,7 +132,13 @@ func (r *breaches) check(v *collector.View) {
 
 // act applies enforcement.onBreach to one breach.
 func (r *breaches) act(ev agentapi.Event, b agentapi.Breach) {
-	switch r.a.cfg.BreachAction() {
+	action := r.a.cfg.BreachAction()
+	if action != config.BreachReport && !r.a.cfg.InBreachScope(ev.Cgroup) {
+		r.a.log.Info("breach reported only: its cgroup is outside enforcement.breachScope", "cgroup", ev.Cgroup,
+			"scope", r.a.cfg.Enforcement.BreachScope)
+		return
+	}
+	switch action {
 	case config.BreachFreeze:
 		if err := r.freeze(ev.Cgroup, true); err != nil {
 			r.a.log.Error("cannot freeze a cgroup in breach", "cgroup", ev.Cgroup, "err", err)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path"
 	"sort"
 	"strings"
 	"time"
@@ -48,6 +49,7 @@ type Config struct {
 		Enabled      bool          `mapstructure:"enabled"`
 		OnBreach     string        `mapstructure:"onBreach"`
 		OnBypass     string        `mapstructure:"onBypass"` // deprecated: OnBreach
+		BreachScope  []string      `mapstructure:"breachScope"`
 		APITokenFile string        `mapstructure:"apiTokenFile"`
 		StateFile    string        `mapstructure:"stateFile"`
 		GracePeriod  time.Duration `mapstructure:"gracePeriod"`
@@ -121,6 +123,7 @@ var options = []option{
 	{"enforcement.enabled", true, "", "run the enforcer: budgets, limits and bypass detection"},
 	{"enforcement.onBreach", "report", "", "what to do with a container in breach (a bypass, more memory seen than its quota or ledger, a GPU process without a ledger slot, a forged ledger): report, freeze its cgroup (cgroup.freeze; never the agent's own or an ancestor of it), or kill the offending processes (SIGKILL)"},
 	{"enforcement.onBypass", "", "", "deprecated, read as enforcement.onBreach when that is left at report: report or freeze"},
+	{"enforcement.breachScope", []string{}, "", "the cgroups (paths as in /proc/PID/cgroup, each with everything below it) whose containers onBreach may freeze or kill; a breach elsewhere is reported only. Empty: every cgroup. On Kubernetes, the pods' (/kubepods.slice, /kubepods) keep the node's own GPU processes (monitoring daemons, jobs run outside Kubernetes) from being stopped as bypasses"},
 	{"enforcement.apiTokenFile", "/run/gpuwarden-agent/token", "", "the token `gpuwarden ctl` must present to change limits (made at start, mode 0600); changes are taken only from loopback"},
 	{"enforcement.stateFile", "/var/lib/gpuwarden/settings.json", "", "where changes made with `gpuwarden ctl` are kept, so they outlive an agent restart"},
 	{"enforcement.gracePeriod", 10 * time.Second, "", "how long the interposer keeps the last launch budgets after the agent stops answering, before it runs ungated (1s-1h; memory limits hold regardless)"},
@@ -319,6 +322,11 @@ func (c Config) Validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("enforcement.onBreach %q: want report, freeze or kill", c.Enforcement.OnBreach))
 	}
+	for _, p := range c.Enforcement.BreachScope {
+		if !strings.HasPrefix(p, "/") || path.Clean(p) != p {
+			errs = append(errs, fmt.Errorf("enforcement.breachScope %q: want a clean absolute cgroup path, say /kubepods.slice", p))
+		}
+	}
 	if b := c.Enforcement.OnBypass; b != "" && b != BreachReport && b != BreachFreeze {
 		errs = append(errs, fmt.Errorf("enforcement.onBypass %q: want report or freeze", b))
 	}
@@ -364,6 +372,20 @@ const (
 	BreachFreeze = "freeze"
 	BreachKill   = "kill"
 )
+
+// InBreachScope says whether onBreach may stop the container of cgroup
+// path (enforcement.breachScope).
+func (c Config) InBreachScope(cgroup string) bool {
+	if len(c.Enforcement.BreachScope) == 0 {
+		return true
+	}
+	for _, p := range c.Enforcement.BreachScope {
+		if p == "/" || cgroup == p || strings.HasPrefix(cgroup, p+"/") {
+			return true
+		}
+	}
+	return false
+}
 
 // BreachAction is enforcement.onBreach, or the deprecated onBypass where
 // onBreach is left at report.

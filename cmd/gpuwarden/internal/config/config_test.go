@@ -80,6 +80,8 @@ func TestRefusesBadConfig(t *testing.T) {
 		{"window over period", "ebpf:\n  launchWindow: 1m\n", nil, "ebpf.launchWindow"},
 		{"bad bypass action", "enforcement:\n  onBypass: kill\n", nil, `enforcement.onBypass "kill"`},
 		{"bad breach action", "enforcement:\n  onBreach: explode\n", nil, `enforcement.onBreach "explode"`},
+		{"relative breach scope", "enforcement:\n  breachScope: [kubepods.slice]\n", nil, `enforcement.breachScope "kubepods.slice"`},
+		{"unclean breach scope", "", []string{"GPUWARDEN_ENFORCEMENT_BREACH_SCOPE=/kubepods/../system.slice"}, `enforcement.breachScope "/kubepods/../system.slice"`},
 		{"grace period 0", "enforcement:\n  gracePeriod: 0s\n", nil, "enforcement.gracePeriod 0s"},
 		{"grace period too long", "", []string{"GPUWARDEN_ENFORCEMENT_GRACE_PERIOD=2h"}, "enforcement.gracePeriod 2h0m0s"},
 		{"negative controlDirGrace", "", []string{"GPUWARDEN_CONTROL_DIR_GRACE=-1s"}, "controlDirGrace -1s is negative"},
@@ -165,6 +167,24 @@ func TestBreachAction(t *testing.T) {
 		}
 		if got := c.BreachAction(); got != tc.want {
 			t.Errorf("%q: BreachAction() = %q, want %q", tc.file, got, tc.want)
+		}
+	}
+}
+
+// TestInBreachScope: a cgroup is in scope when it is a scope's path or
+// below it, never a sibling that shares its prefix; no scope is everything.
+func TestInBreachScope(t *testing.T) {
+	var c Config
+	if !c.InBreachScope("/system.slice/dcgm.service") {
+		t.Error("without a scope, a cgroup is out of it")
+	}
+	c.Enforcement.BreachScope = []string{"/kubepods.slice", "/kubepods"}
+	for path, want := range map[string]bool{
+		"/kubepods.slice": true, "/kubepods.slice/kubepods-burstable.slice/pod1/ctr": true, "/kubepods/besteffort/pod2/ctr": true,
+		"/kubepods.slicex/x": false, "/kubepodsx": false, "/system.slice/dcgm.service": false, "/": false, "": false,
+	} {
+		if got := c.InBreachScope(path); got != want {
+			t.Errorf("InBreachScope(%q) = %v, want %v", path, got, want)
 		}
 	}
 }
