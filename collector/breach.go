@@ -317,8 +317,8 @@ func pidsOf(ps []agentapi.Process) []int {
 // a breach, or an instant breach is still reported: the next view may
 // differ from this one with nothing else changed.
 func (jd *judge) timing() bool {
-	for k := range jd.since {
-		if len(jd.since[k]) > 0 || len(jd.instant[k]) > 0 {
+	for _, f := range jd.since {
+		if len(f) > 0 {
 			return true
 		}
 	}

@@ -155,10 +155,10 @@ func (j *joiner) verifyLedgers(in *inputs) (out map[uint64]*ledger, rejected []*
 	}()
 	for _, r := range in.ledgers {
 		seen[r.dir] = true
-		if r.err != nil {
+		l := r.l
+		if l == nil {
 			continue
 		}
-		l := &ledger{dir: r.dir, usage: r.usage, limits: r.limits}
 		j.place(l)
 		if j.c.src.Claims == nil {
 			continue

@@ -10,7 +10,6 @@ import (
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
 
 	"github.com/gpuwarden/gpuwarden/bpf/observe"
-	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
 )
 
@@ -37,14 +36,13 @@ type inputs struct {
 	sched     map[GPUKey]Scheduled
 }
 
-// readLedger is one control directory's ledger as read: usage is the
-// reader's snapshot, the same pointer while the ledger reads the same
-// (controlblock's snapshot cache).
+// readLedger is one control directory's ledger as read (nil: err says why
+// not). Its usage is the reader's snapshot, the same pointer while the
+// ledger reads the same (controlblock's snapshot cache).
 type readLedger struct {
-	dir    string
-	usage  *controlblock.UsageSnapshot
-	limits *controlblock.LimitsConfig
-	err    error
+	dir string
+	l   *ledger
+	err error
 }
 
 // read reads every source once.
@@ -83,13 +81,10 @@ func (c *Collector) readLedgers(in *inputs) {
 	for _, dir := range dirs {
 		seen[dir] = true
 		l, err := c.ledgers.read(c.src.ControlDir, dir)
-		r := readLedger{dir: dir, err: err}
 		if err != nil {
 			c.log.Debug("skipping ledger", "dir", dir, "err", err)
-		} else {
-			r.usage, r.limits = l.usage, l.limits
 		}
-		in.ledgers = append(in.ledgers, r)
+		in.ledgers = append(in.ledgers, readLedger{dir: dir, l: l, err: err})
 	}
 	c.ledgers.keep(seen)
 }
@@ -106,8 +101,14 @@ func (in *inputs) same(last *inputs) bool {
 }
 
 func sameLedger(a, b readLedger) bool {
-	return a.dir == b.dir && a.usage == b.usage && errText(a.err) == errText(b.err) &&
-		(a.limits == nil) == (b.limits == nil) && (a.limits == nil || *a.limits == *b.limits)
+	if a.dir != b.dir || errText(a.err) != errText(b.err) || (a.l == nil) != (b.l == nil) {
+		return false
+	}
+	if a.l == nil {
+		return true
+	}
+	x, y := a.l.limits, b.l.limits
+	return a.l.usage == b.l.usage && (x == nil) == (y == nil) && (x == nil || *x == *y)
 }
 
 // sameProbes compares what the probes counted. Launch estimates are left

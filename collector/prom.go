@@ -1,19 +1,14 @@
 package collector
 
 import (
-	"context"
 	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 )
 
-// Gather implements prometheus.Gatherer: the current view's metric
-// families, checked by a registry of their own.
-func (c *Collector) Gather() ([]*dto.MetricFamily, error) {
-	return c.gather(c.View(context.Background()))
-}
-
+// gather checks a view's metrics, in a registry of their own, and gathers
+// them.
 func (c *Collector) gather(v *View) ([]*dto.MetricFamily, error) {
 	reg := prometheus.NewRegistry()
 	if err := reg.Register(viewMetrics{c, v}); err != nil {
@@ -22,7 +17,8 @@ func (c *Collector) gather(v *View) ([]*dto.MetricFamily, error) {
 	return reg.Gather()
 }
 
-// viewMetrics are one view's metrics, for a registry to check and gather.
+// viewMetrics are one view's metrics: a prometheus.Collector whose metrics
+// are gone with the container when it leaves the view.
 type viewMetrics struct {
 	c *Collector
 	v *View
@@ -32,7 +28,7 @@ func (m viewMetrics) Describe(ch chan<- *prometheus.Desc) { m.c.Describe(ch) }
 
 func (m viewMetrics) Collect(ch chan<- prometheus.Metric) { m.c.metrics(m.v, ch) }
 
-// Describe sends every metric's description.
+// Describe sends the description of every metric the collector serves.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descMemoryUsed, descMemoryLimit, descAllocFailures, descLaunches,
 		descThrottled, descShare, descLimit, descUnenforced, descBreach, descDeviceMemTotal, descDeviceMemUsed, descDeviceUtil,
@@ -40,10 +36,6 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- d
 	}
 }
-
-// Collect emits the current view as const metrics: a container that is gone
-// is simply not in the view, so its series disappear.
-func (c *Collector) Collect(ch chan<- prometheus.Metric) { c.metrics(c.View(context.Background()), ch) }
 
 // metrics emits a view's metrics.
 func (c *Collector) metrics(v *View, ch chan<- prometheus.Metric) {

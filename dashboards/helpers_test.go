@@ -210,8 +210,8 @@ var (
 	varLabelRe = regexp.MustCompile(`variableLabels: \{([^}]*)\}`)
 )
 
-// exported returns the metric names the agent's registry describes (the
-// collector's and the process collector's, as cmd/gpuwarden registers them)
+// exported returns the metric names the agent's /metrics describes (the
+// collector's and the process collector's, as cmd/gpuwarden serves them)
 // and every label name they carry.
 func exported(t *testing.T) (names, labels map[string]bool) {
 	t.Helper()

@@ -23,9 +23,8 @@ var ErrNotLaidOut = errors.New("ledger not laid out yet")
 // something else never kills, blocks or grows the agent: it is an error
 // for its container.
 type Ledger struct {
-	path     string
-	fd       int
-	mem      []byte // the header, mapped
+	path string
+	ledgerFile
 	dev, ino uint64
 	laidOut  bool // this inode read as a ledger once
 	cache    snapshotCache
@@ -33,7 +32,7 @@ type Ledger struct {
 
 // OpenLedger opens a container's ledger as hostile input (openControlFile).
 func OpenLedger(path string) (*Ledger, error) {
-	l := &Ledger{path: path, fd: -1}
+	l := &Ledger{path: path, ledgerFile: ledgerFile{fd: -1}}
 	var st syscall.Stat_t
 	if err := l.stat(&st); err != nil {
 		return nil, err
@@ -62,7 +61,7 @@ func (l *Ledger) reopen(st *syscall.Stat_t) error {
 	} else if err != nil {
 		return fmt.Errorf("open ledger %s: %w", l.path, err)
 	}
-	if l.fd >= 0 {
+	if l.mem != nil {
 		return nil
 	}
 	fd, err := openControlFile(l.path, syscall.O_RDONLY, ledgerRule)
@@ -74,12 +73,11 @@ func (l *Ledger) reopen(st *syscall.Stat_t) error {
 		syscall.Close(fd)
 		return fmt.Errorf("open ledger %s: %w: replaced while opened", l.path, ErrBadFile)
 	}
-	mem, err := syscall.Mmap(fd, 0, usageHeader, syscall.PROT_READ, syscall.MAP_SHARED)
+	lf, err := mapLedger(fd, l.path)
 	if err != nil {
-		syscall.Close(fd)
-		return fmt.Errorf("map ledger %s: %w", l.path, err)
+		return err
 	}
-	l.fd, l.mem = fd, mem
+	l.ledgerFile = lf
 	return nil
 }
 
@@ -106,31 +104,15 @@ func (l *Ledger) Read(scratch *Usage) (*UsageSnapshot, error) {
 // pread fills b from the ledger at off: a ledger shorter than the ABI's
 // size is a bad file.
 func (l *Ledger) pread(b []byte, off int64) error {
-	if off == 0 && len(b) <= len(l.mem) {
-		if copyMapped(b, l.mem) != nil {
-			return fmt.Errorf("%w: shorter than its header", ErrBadFile)
-		}
-		return nil
+	err := l.copyAt(b, off)
+	if errors.Is(err, ErrLedgerShrank) {
+		return fmt.Errorf("%w: shorter than the ABI's size", ErrBadFile)
 	}
-	n, err := syscall.Pread(l.fd, b, off)
-	if err != nil {
-		return err
-	}
-	if n != len(b) {
-		return fmt.Errorf("%w: %d bytes read at %d, want %d", ErrBadFile, n, off, len(b))
-	}
-	return nil
+	return err
 }
 
 // Close closes the ledger; it may be read again (it reopens).
-func (l *Ledger) Close() error {
-	if l.fd < 0 {
-		return nil
-	}
-	err := errors.Join(syscall.Munmap(l.mem), syscall.Close(l.fd))
-	l.fd, l.mem = -1, nil
-	return err
-}
+func (l *Ledger) Close() error { return l.close() }
 
 // ReadUsage reads a ledger once: open, read, close.
 func ReadUsage(path string) (*UsageSnapshot, error) {

@@ -170,14 +170,13 @@ func parseUsage(u *Usage) (*UsageSnapshot, error) {
 
 // UsageFile is a container's ledger as the scheduler reads it: its header
 // (the counters, read every tick) mapped read-only, and the file kept open
-// for Snapshot, which copies the whole ledger with pread (the slots are not
-// mapped: at 1,000 containers their pages would add 32 MiB to the agent's
-// resident memory). The container can truncate the file under the mapping:
-// every read of it is guarded, and a fault reads as zero (Snapshot:
+// for Snapshot, which copies the whole ledger (the slots with pread: mapped,
+// at 1,000 containers their pages would add 32 MiB to the agent's resident
+// memory). The container can truncate the file under the mapping: every
+// read of it is guarded, and a fault reads as zero (Snapshot:
 // ErrLedgerShrank) instead of killing the agent with SIGBUS.
 type UsageFile struct {
-	fd    int
-	mem   []byte
+	ledgerFile
 	cache snapshotCache
 }
 
@@ -188,6 +187,57 @@ var ErrLedgerShrank = errors.New("ledger shrank under its mapping")
 // slots.
 const usageHeader = int(unsafe.Offsetof(Usage{}.Slots))
 
+// ledgerFile is an open ledger and its header mapped read-only: what both
+// readers hold, the collector's Ledger and the scheduler's UsageFile.
+type ledgerFile struct {
+	fd  int
+	mem []byte // nil: not open
+}
+
+// mapLedger maps the header of the ledger open as fd; on failure it closes
+// fd.
+func mapLedger(fd int, path string) (ledgerFile, error) {
+	mem, err := syscall.Mmap(fd, 0, usageHeader, syscall.PROT_READ, syscall.MAP_SHARED)
+	if err != nil {
+		syscall.Close(fd)
+		return ledgerFile{fd: -1}, fmt.Errorf("map ledger %s: %w", path, err)
+	}
+	return ledgerFile{fd: fd, mem: mem}, nil
+}
+
+// copyAt fills b from the ledger at off: the header from the mapping, which
+// costs no system call, the rest with pread. ErrLedgerShrank when the file
+// is shorter than that (truncated); a read that fails is its error.
+func (f ledgerFile) copyAt(b []byte, off int64) error {
+	if off == 0 && len(b) <= len(f.mem) {
+		return copyMapped(b, f.mem)
+	}
+	for n := 0; n < len(b); {
+		m, err := syscall.Pread(f.fd, b[n:], off+int64(n))
+		if err == syscall.EINTR {
+			continue
+		}
+		if err != nil {
+			return err
+		}
+		if m == 0 {
+			return ErrLedgerShrank
+		}
+		n += m
+	}
+	return nil
+}
+
+// close unmaps and closes the ledger, if open.
+func (f *ledgerFile) close() error {
+	if f.mem == nil {
+		return nil
+	}
+	err := errors.Join(syscall.Munmap(f.mem), syscall.Close(f.fd))
+	f.mem, f.fd = nil, -1
+	return err
+}
+
 // OpenUsage opens a ledger as hostile input (openControlFile) and maps its
 // header read-only; its header is checked by Snapshot.
 func OpenUsage(path string) (*UsageFile, error) {
@@ -195,12 +245,11 @@ func OpenUsage(path string) (*UsageFile, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open ledger: %w", err)
 	}
-	mem, err := syscall.Mmap(fd, 0, usageHeader, syscall.PROT_READ, syscall.MAP_SHARED)
+	lf, err := mapLedger(fd, path)
 	if err != nil {
-		syscall.Close(fd)
-		return nil, fmt.Errorf("map ledger %s: %w", path, err)
+		return nil, err
 	}
-	return &UsageFile{fd: fd, mem: mem}, nil
+	return &UsageFile{ledgerFile: lf}, nil
 }
 
 // scratches are buffers for Snapshot: the scheduler reads hundreds of
@@ -215,21 +264,10 @@ func (f *UsageFile) Snapshot() (*UsageSnapshot, error) {
 }
 
 // readAt fills b from the ledger at off; ErrLedgerShrank when it is
-// shorter than the ABI's size (truncated) or cannot be read. The header is
-// copied from the mapping, which costs no system call.
+// shorter than the ABI's size (truncated) or cannot be read.
 func (f *UsageFile) readAt(b []byte, off int64) error {
-	if off == 0 && len(b) <= len(f.mem) {
-		return copyMapped(b, f.mem)
-	}
-	for n := 0; n < len(b); {
-		m, err := syscall.Pread(f.fd, b[n:], off+int64(n))
-		if err == syscall.EINTR {
-			continue
-		}
-		if err != nil || m <= 0 {
-			return ErrLedgerShrank
-		}
-		n += m
+	if f.copyAt(b, off) != nil {
+		return ErrLedgerShrank
 	}
 	return nil
 }
@@ -275,17 +313,12 @@ func (f *UsageFile) load(off uintptr) uint64 {
 }
 
 // copyMapped copies mapped bytes into b under a fault guard: a ledger
-// truncated under its mapping is ErrLedgerShrank.
+// truncated under its mapping is ErrLedgerShrank (err keeps that value when
+// recoverFault ends the copy's fault).
 func copyMapped(b, mem []byte) (err error) {
 	defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
-	defer func() {
-		if r := recover(); r != nil {
-			if _, fault := r.(interface{ Addr() uintptr }); !fault {
-				panic(r)
-			}
-			err = ErrLedgerShrank
-		}
-	}()
+	err = ErrLedgerShrank
+	defer recoverFault()
 	copy(b, mem)
 	return nil
 }
@@ -301,11 +334,4 @@ func recoverFault() {
 }
 
 // Close unmaps and closes the ledger.
-func (f *UsageFile) Close() error {
-	if f.mem == nil {
-		return nil
-	}
-	err := errors.Join(syscall.Munmap(f.mem), syscall.Close(f.fd))
-	f.mem, f.fd = nil, -1
-	return err
-}
+func (f *UsageFile) Close() error { return f.close() }
