@@ -150,10 +150,12 @@ func (p *Proc) WaitLine(t testing.TB, prefix string, timeout time.Duration) stri
 }
 
 // Wait waits for the process to exit and returns all it printed on stdout.
+// Stdout is read to its end first: Cmd.Wait closes the pipe once the
+// process exits, and what was still in it would be lost.
 func (p *Proc) Wait() (string, error) {
-	err := p.Cmd.Wait()
 	for range p.lines {
 	}
+	err := p.Cmd.Wait()
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.out.String(), err
