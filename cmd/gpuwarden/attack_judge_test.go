@@ -428,12 +428,13 @@ func TestAttackClaimsAnotherPodsCgroup(t *testing.T) {
 }
 
 // podCgroup makes a container's cgroup inside its pod's, as the kubelet
-// lays them out (".../pod<uid>/<container>"), so its path names its pod.
+// lays them out (".../kubepods/pod<uid>/<container>"), so its path names
+// its pod.
 func podCgroup(t *testing.T, name, uid string) *simtest.Cgroup {
 	t.Helper()
 	parent := simtest.NewCgroup(t, name)
-	rel := parent.Rel + "/pod" + uid + "/" + strings.Repeat("c", 64)
-	path := filepath.Join(filepath.Dir(parent.Path), filepath.Base(parent.Path), "pod"+uid, strings.Repeat("c", 64))
+	rel := parent.Rel + "/kubepods/pod" + uid + "/" + strings.Repeat("c", 64)
+	path := filepath.Join(parent.Path, "kubepods", "pod"+uid, strings.Repeat("c", 64))
 	if err := os.MkdirAll(path, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -448,8 +449,13 @@ func podCgroup(t *testing.T, name, uid string) *simtest.Cgroup {
 	t.Cleanup(func() { // before the parent's removal
 		_ = os.WriteFile(filepath.Join(path, "cgroup.kill"), []byte("1"), 0)
 		syscall.Close(fd)
-		for i := 0; i < 100 && (os.Remove(path) != nil || os.Remove(filepath.Dir(path)) != nil); i++ {
-			time.Sleep(20 * time.Millisecond)
+		for _, dir := range []string{path, filepath.Dir(path), filepath.Join(parent.Path, "kubepods")} {
+			for i := 0; i < 100; i++ {
+				if err := os.Remove(dir); err == nil || os.IsNotExist(err) {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
 		}
 	})
 	return simtest.CgroupAt(path, rel, st.Ino, fd)

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -129,15 +130,15 @@ func TestRemotePod(t *testing.T) {
 	// relay's directory mounted read-only where the allocation says (in a
 	// mount namespace of its own, over a /run of its own); the library by
 	// its host path.
-	pod := func(uid string, args ...string) *simtest.Proc {
-		cmd := podCgroup(t, "remotepod", uid).Place(r.client.Command("unshare", append([]string{"--mount", "--propagation", "private",
+	pod := func(cg *simtest.Cgroup, args ...string) *simtest.Proc {
+		cmd := cg.Place(r.client.Command("unshare", append([]string{"--mount", "--propagation", "private",
 			"sh", "-c", `mount -t tmpfs none /run && mkdir -p "$1" && mount --bind "$0" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"`,
 			mounts[allocation.ContainerRemoteDir], allocation.ContainerRemoteDir, filepath.Join(r.clientBin, "workload")}, args...)...))
 		cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "GPUWARDEN_REMOTE=" + car.Envs["GPUWARDEN_REMOTE"],
 			"LD_LIBRARY_PATH=" + mounts[allocation.ContainerRemoteLib]}
 		return simtest.Start(t, cmd)
 	}
-	p := pod(podUIDA, "--alloc", "1Gi", "--seconds", "60", "--kernels", "8", "--kernel-ns", "200000")
+	p := pod(podCgroup(t, "remotepod", podUIDA), "--alloc", "1Gi", "--seconds", "60", "--kernels", "8", "--kernel-ns", "200000")
 	p.WaitLine(t, "ready", 30*time.Second)
 	simtest.Eventually(t, 15*time.Second, func() error {
 		e, ok := remoteEntries(t, r.agent)["ml"]
@@ -155,12 +156,22 @@ func TestRemotePod(t *testing.T) {
 	}
 
 	// A process of another pod that reaches the socket gets nothing.
-	q := pod(podUIDB, "--alloc", "1Gi", "--steps", "1")
+	other := podCgroup(t, "remotepod", podUIDB)
+	q := pod(other, "--alloc", "1Gi", "--steps", "1")
 	if out, err := q.Wait(); err == nil {
 		t.Fatalf("a process of pod ml/other ran on ml/infer-0's allocation: %s", out)
 	}
 	if l := n.agent.Log(); !strings.Contains(l, "is not pod ml/infer-0's") {
 		t.Errorf("the relay did not say why it refused ml/other:\n%s", l)
+	}
+	// Nor does one in a cgroup its container made and named after the pod.
+	named := childCgroup(t, other, "pod"+podUIDA)
+	q = pod(named, "--alloc", "1Gi", "--steps", "1")
+	if out, err := q.Wait(); err == nil {
+		t.Fatalf("a process of pod ml/other in its cgroup %s ran on ml/infer-0's allocation: %s", named.Rel, out)
+	}
+	if l := n.agent.Log(); !strings.Contains(l, "cgroup="+named.Rel+" err=") {
+		t.Errorf("the relay did not refuse %s:\n%s", named.Rel, l)
 	}
 	if _, ok := remoteEntries(t, r.agent)["ml"]; !ok {
 		t.Error("the pod's session is gone")
@@ -216,4 +227,33 @@ func TestRemotePod(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// childCgroup makes a cgroup in parent, as a container with cgroup
+// delegation may, and removes it before parent.
+func childCgroup(t *testing.T, parent *simtest.Cgroup, name string) *simtest.Cgroup {
+	t.Helper()
+	path := filepath.Join(parent.Path, name)
+	if err := os.Mkdir(path, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = os.WriteFile(filepath.Join(path, "cgroup.kill"), []byte("1"), 0)
+		syscall.Close(fd)
+		for i := 0; i < 100; i++ {
+			if err := os.Remove(path); err == nil || os.IsNotExist(err) {
+				break
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
+	return simtest.CgroupAt(path, parent.Rel+"/"+name, st.Ino, fd)
 }

@@ -69,6 +69,10 @@ func TestLabelsByAllocationDir(t *testing.T) {
 	if _, _, _, ok := label("alloc-c", "/kubepods/burstable/pod2f0c2a4e-5b6d-4e8f-9a0b-1c2d3e4f5a6b/x"); ok {
 		t.Error("a directory was taken for a cgroup of another pod")
 	}
+	// Another pod's container made a child cgroup named after the pod.
+	if _, _, _, ok := label("alloc-c", "/kubepods/burstable/pod2f0c2a4e-5b6d-4e8f-9a0b-1c2d3e4f5a6b/"+strings.Repeat("cd", 32)+"/pod"+uid1); ok {
+		t.Error("a directory was taken for a child cgroup another pod's container named after its pod")
+	}
 }
 
 // TestDigestIdentifiesAnAnswer: the kubelet lists pods in any order; the

@@ -44,7 +44,9 @@ func (a *Agent) startRemoteDevicePlugin(ctx context.Context, pods *podAnnotation
 // identifyRemotePod names the container that holds allocation dir, as the
 // kubelet's pod-resources says, and requires the connecting process's
 // cgroup to be that pod's (its uid, from the API server): a process of
-// another pod that reaches the socket is refused.
+// another pod that reaches the socket is refused. The path is read in the
+// host's tree, as the collector reads it: the kubelet's layout, not a
+// cgroup a container named, says whose pod it is.
 func (a *Agent) identifyRemotePod(pods *podAnnotations) func(context.Context, string, string) (session.Workload, error) {
 	return func(ctx context.Context, dir, cgroupPath string) (session.Workload, error) {
 		if a.pods == nil {
@@ -63,7 +65,7 @@ func (a *Agent) identifyRemotePod(pods *podAnnotations) func(context.Context, st
 				return session.Workload{}, fmt.Errorf("pod %s/%s: its uid is unknown (no API server), so its cgroup cannot be checked",
 					x.Namespace, x.Pod)
 			}
-			if got := cgroups.ParsePath(cgroupPath).PodUID; got != uid {
+			if got := cgroups.ParsePath(cgroups.HostPath(a.nsRoot, cgroupPath)).PodUID; got != uid {
 				return session.Workload{}, fmt.Errorf("the process's cgroup %s is not pod %s/%s's (uid %s)", cgroupPath, x.Namespace, x.Pod, uid)
 			}
 			return session.Workload{Namespace: x.Namespace, Pod: x.Pod, Container: x.Container}, nil
