@@ -10,7 +10,7 @@ DEPS_GENERATE += clang llvm libbpf-dev linux-libc-dev
 $(BIN)/bpf/cuda-alloc: bpf/testdata/cuda_alloc.c simgpu/include/cuda.h $(BIN)/simgpu/libcuda.so.1
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -Werror -pthread -Isimgpu/include -o $@ $< \
-		-L$(BIN)/simgpu -l:libcuda.so.1 -Wl,-rpath,'$$ORIGIN:$$ORIGIN/../simgpu'
+		-L$(BIN)/simgpu -l:libcuda.so.1 -ldl -Wl,-rpath,'$$ORIGIN:$$ORIGIN/../simgpu'
 
 .PHONY: bpf-check-generated
 bpf-check-generated: deps-generate ## Check that the committed eBPF object and bindings are current

@@ -12,7 +12,7 @@ func (c *Collector) RegisterAPI(mux *http.ServeMux) {
 	mux.HandleFunc("GET /api/v1/containers", func(w http.ResponseWriter, r *http.Request) {
 		v := c.View(r.Context())
 		writeJSON(w, agentapi.ContainersResponse{Node: v.Node, Time: v.Time, Containers: nonNil(v.Containers), Sources: v.Sources,
-			BadLedgers: v.BadLedgers})
+			BadLedgers: v.BadLedgers, RefusedLedgers: v.Refused})
 	})
 	mux.HandleFunc("GET /api/v1/devices", func(w http.ResponseWriter, r *http.Request) {
 		v := c.View(r.Context())

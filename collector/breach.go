@@ -26,8 +26,9 @@ const (
 	// BreachBadLedger: the ledger's counters went backwards or are
 	// impossible (slots holding more than the container reserves).
 	BreachBadLedger = "bad_ledger"
-	// BreachFalseClaim: a process of the cgroup keeps a ledger that names
-	// another cgroup.
+	// BreachFalseClaim: the container writes a ledger whose cgroup claim
+	// is refused: its processes map it, or its slots name processes of
+	// other containers.
 	BreachFalseClaim = "false_claim"
 	// BreachOverShare: the device time measured (NVML) stays above the share
 	// the scheduler holds the container to.
@@ -86,6 +87,7 @@ type gpuProc struct {
 // judgeAll sets every entry's breaches and Unenforced.
 func (j *joiner) judgeAll(ledgers map[uint64]*ledger, rejected []*ledger, now time.Time) {
 	jd := &j.c.judge
+	accused := j.judgeRefused(rejected)
 	seen := map[Key]bool{}
 	for k, e := range j.entries {
 		seen[k] = true
@@ -95,7 +97,7 @@ func (j *joiner) judgeAll(ledgers map[uint64]*ledger, rejected []*ledger, now ti
 		} else if e.Unenforced {
 			fails = append(fails, agentapi.Breach{Reason: BreachBypass, Evidence: "GPU activity without the interposer"})
 		}
-		fails = append(fails, j.falseClaims(k, rejected)...)
+		fails = append(fails, accused[k.Cgroup]...)
 		e.Breaches = jd.hold(k, fails, now)
 		e.Unenforced = len(e.Breaches) > 0
 	}
@@ -106,21 +108,18 @@ func (j *joiner) judgeAll(ledgers map[uint64]*ledger, rejected []*ledger, now ti
 func (j *joiner) compare(k Key, e *agentapi.ContainerDevice, l *ledger) []agentapi.Breach {
 	var out []agentapi.Breach
 	d := k.GPU
-	seen := e.MemoryUsedBytes
-	tol := uint64(memoryTolerance)
-	if e.MemorySource == "nvml" {
-		tol *= uint64(1 + len(e.PIDs)) // NVML counts each process's context
-	}
-	unaccounted := e.MemorySource != "ledger" && seen > e.LedgerBytes+tol
-	// Held above the quota but within the ledger is a limit lowered below
-	// what the container holds (it keeps it): no breach.
-	if unaccounted && e.MemoryLimitBytes > 0 && seen > e.MemoryLimitBytes+tol {
-		out = append(out, agentapi.Breach{Reason: BreachOverLimit, Evidence: fmt.Sprintf(
-			"%s sees %d bytes held on GPU %d, quota %d", e.MemorySource, seen, d, e.MemoryLimitBytes)})
-	}
-	if unaccounted {
+	for _, m := range j.meters(k, e) {
+		if m.bytes <= e.LedgerBytes+m.tolerance {
+			continue
+		}
+		// Held above the quota but within the ledger is a limit lowered
+		// below what the container holds (it keeps it): no breach.
+		if e.MemoryLimitBytes > 0 && m.bytes > e.MemoryLimitBytes+m.tolerance {
+			out = append(out, agentapi.Breach{Reason: BreachOverLimit, Evidence: fmt.Sprintf(
+				"%s sees %d bytes held on GPU %d, quota %d", m.name, m.bytes, d, e.MemoryLimitBytes)})
+		}
 		out = append(out, agentapi.Breach{Reason: BreachOverLedger, Evidence: fmt.Sprintf(
-			"%s sees %d bytes held on GPU %d, the ledger reserves %d", e.MemorySource, seen, d, e.LedgerBytes)})
+			"%s sees %d bytes held on GPU %d, the ledger reserves %d", m.name, m.bytes, d, e.LedgerBytes)})
 	}
 	if b, ok := j.unledgered(k, l); ok {
 		out = append(out, b)
@@ -138,6 +137,33 @@ func (j *joiner) compare(k Key, e *agentapi.ContainerDevice, l *ledger) []agenta
 	}
 	return out
 }
+
+// meter is what one of the node's meters sees a container hold on a GPU,
+// and what it may see beyond the ledger without a breach.
+type meter struct {
+	name             string
+	bytes, tolerance uint64
+}
+
+// meters are the node's two meters of a container's memory on a GPU, each
+// judged on its own, so the larger wins: eBPF's, exact to the byte where a
+// probe saw the allocations; NVML's, which sees every allocation of every
+// process it lists (a copy of libcuda used before the scan attached to it
+// too) but also each process's context, which no ledger counts in full.
+func (j *joiner) meters(k Key, e *agentapi.ContainerDevice) []meter {
+	var out []meter
+	if e.MemorySource == "ebpf" {
+		out = append(out, meter{"ebpf", e.MemoryUsedBytes, memoryTolerance})
+	}
+	if n := uint64(len(j.procs[k])); n > 0 {
+		out = append(out, meter{"nvml", j.nvmlMem[k], memoryTolerance + n*j.contextBytes()})
+	}
+	return out
+}
+
+// contextBytes is what NVML may show per process beyond the ledger: at
+// least memoryTolerance, the figure before it was configurable.
+func (j *joiner) contextBytes() uint64 { return max(j.c.src.NVMLContextBytes, memoryTolerance) }
 
 // unledgered finds processes of the cgroup that NVML lists on the device
 // but no live slot of the ledger names.
@@ -215,28 +241,9 @@ func (jd *judge) keepLedgers(seen map[string]bool) {
 	}
 }
 
-// falseClaims finds processes of the cgroup whose ledger was refused: it
-// named a cgroup that is not theirs.
-func (j *joiner) falseClaims(k Key, rejected []*ledger) []agentapi.Breach {
-	var out []agentapi.Breach
-	for _, l := range rejected {
-		var ps []agentapi.Process
-		for _, p := range j.procs[k] {
-			if p.ok && claims.InSlots(p.id, l.usage.Procs) {
-				ps = append(ps, agentapi.Process{PID: p.hostPID, StartTime: p.id.StartTime})
-			}
-		}
-		if len(ps) > 0 {
-			out = append(out, agentapi.Breach{Reason: BreachFalseClaim, Procs: ps, Evidence: fmt.Sprintf(
-				"processes %v keep ledger %s, which names cgroup %d: %v", pidsOf(ps), l.dir, l.usage.CgroupID, l.refused)})
-		}
-	}
-	return out
-}
-
 // hold turns this view's failing comparisons into breaches: a sustained
-// one after it held for `sustain`, bypasses and false claims at once, a
-// rewound ledger for `remember` after it was seen.
+// one after it held for `sustain`, bypasses at once, a rewound ledger for
+// `remember` after it was seen.
 func (jd *judge) hold(k Key, fails []agentapi.Breach, now time.Time) []agentapi.Breach {
 	since := jd.since[k]
 	if since == nil {
@@ -274,11 +281,13 @@ func (jd *judge) hold(k Key, fails []agentapi.Breach, now time.Time) []agentapi.
 	return out
 }
 
-// sustainOf is how long a reason's evidence must hold: a bypass and a false
-// claim are facts at once, comparisons of figures read apart need time.
+// sustainOf is how long a reason's evidence must hold: a bypass is a fact
+// at once; comparisons of figures read apart need time, and so does a false
+// claim, which a container restarted in a new cgroup makes for the moment
+// between mapping its ledger and binding it to the new cgroup.
 func sustainOf(reason string) time.Duration {
 	switch reason {
-	case BreachBypass, BreachFalseClaim:
+	case BreachBypass:
 		return 0
 	case BreachOverShare:
 		return shareSustain

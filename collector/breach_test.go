@@ -18,8 +18,8 @@ func reasonsOf(bs []agentapi.Breach) map[string]bool {
 	return out
 }
 
-// A comparison must fail for `sustain` before it is a breach; a bypass or a
-// false claim is one at once; a rewound ledger stays one for `remember`.
+// A comparison or a false claim must fail for `sustain` before it is a
+// breach; a bypass is one at once; a rewound ledger stays one for `remember`.
 func TestJudgeHold(t *testing.T) {
 	jd := newJudge()
 	k := Key{Cgroup: 7, GPU: 0}
@@ -77,22 +77,33 @@ func TestCompare(t *testing.T) {
 		e     agentapi.ContainerDevice
 		l     *ledger
 		procs []gpuProc
+		nvml  uint64 // what NVML shows for the procs
 		want  []string
 	}{
 		{"within quota and ledger", agentapi.ContainerDevice{MemoryUsedBytes: gib, MemorySource: "ebpf", MemoryLimitBytes: 2 * gib, LedgerBytes: gib + 64<<20},
-			ledgerWith(gib+64<<20, gib, 5), []gpuProc{{10, claims.Proc{NSPid: 5, StartTime: 42}, true}}, nil},
+			ledgerWith(gib+64<<20, gib, 5), []gpuProc{{10, claims.Proc{NSPid: 5, StartTime: 42}, true}}, gib + 300<<20, nil},
 		{"forged reserve", agentapi.ContainerDevice{MemoryUsedBytes: 3 * gib, MemorySource: "ebpf", MemoryLimitBytes: 2 * gib},
-			ledgerWith(0, gib, 5), nil, []string{BreachOverLimit, BreachOverLedger, BreachBadLedger}},
+			ledgerWith(0, gib, 5), nil, 0, []string{BreachOverLimit, BreachOverLedger, BreachBadLedger}},
 		{"a process in no slot", agentapi.ContainerDevice{MemoryUsedBytes: gib, MemorySource: "nvml", MemoryLimitBytes: 2 * gib, LedgerBytes: gib, PIDs: []int{10, 11}},
 			ledgerWith(gib, gib, 5), []gpuProc{{10, claims.Proc{NSPid: 5, StartTime: 42}, true}, {11, claims.Proc{NSPid: 6, StartTime: 43}, true}},
-			[]string{BreachUnledgered}},
+			gib, []string{BreachUnledgered}},
 		{"a limit lowered below what it holds", agentapi.ContainerDevice{MemoryUsedBytes: gib, MemorySource: "ebpf", MemoryLimitBytes: 512 << 20, LedgerBytes: gib + 64<<20},
-			ledgerWith(gib+64<<20, gib, 5), nil, nil},
+			ledgerWith(gib+64<<20, gib, 5), nil, 0, nil},
 		{"the ledger's own figure is no evidence", agentapi.ContainerDevice{MemoryUsedBytes: 3 * gib, MemorySource: "ledger", MemoryLimitBytes: 2 * gib, LedgerBytes: 3 * gib},
-			ledgerWith(3*gib, 3*gib, 5), nil, nil},
+			ledgerWith(3*gib, 3*gib, 5), nil, 0, nil},
+		// Two processes of the container's slots; one allocated through a
+		// copy of libcuda the probes were not attached to yet.
+		{"NVML sees what eBPF missed", agentapi.ContainerDevice{MemoryUsedBytes: 512 << 20, MemorySource: "ebpf", MemoryLimitBytes: gib, LedgerBytes: 512<<20 + 128<<20},
+			ledgerWith(512<<20+128<<20, 512<<20, 5), []gpuProc{{10, claims.Proc{NSPid: 5, StartTime: 42}, true}},
+			3*gib + 512<<20, []string{BreachOverLimit, BreachOverLedger}},
+		{"NVML's contexts are no breach", agentapi.ContainerDevice{MemoryUsedBytes: gib, MemorySource: "ebpf", MemoryLimitBytes: 2 * gib, LedgerBytes: gib + 64<<20},
+			ledgerWith(gib+64<<20, gib, 5), []gpuProc{{10, claims.Proc{NSPid: 5, StartTime: 42}, true}}, gib + 500<<20, nil},
+		{"NVML alone, within its context allowance", agentapi.ContainerDevice{MemoryUsedBytes: gib + 500<<20, MemorySource: "nvml", MemoryLimitBytes: 2 * gib, LedgerBytes: gib + 64<<20},
+			ledgerWith(gib+64<<20, gib, 5), []gpuProc{{10, claims.Proc{NSPid: 5, StartTime: 42}, true}}, gib + 500<<20, nil},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			j := &joiner{procs: map[Key][]gpuProc{k: tt.procs}, ordinals: map[Key]int{k: 0}}
+			j := &joiner{c: &Collector{src: Sources{NVMLContextBytes: 512 << 20}}, procs: map[Key][]gpuProc{k: tt.procs},
+				ordinals: map[Key]int{k: 0}, nvmlMem: map[Key]uint64{k: tt.nvml}}
 			e := tt.e
 			got := reasonsOf(j.compare(k, &e, tt.l))
 			if len(got) != len(tt.want) {
@@ -122,7 +133,7 @@ func TestOverShare(t *testing.T) {
 		{"within the tolerance", map[Key]float64{k: 1. / 3}, 0.45, false},
 		{"not held", nil, 0.9, false},
 	} {
-		j := &joiner{held: tt.held}
+		j := &joiner{c: &Collector{}, held: tt.held}
 		e := agentapi.ContainerDevice{ComputeShare: tt.share, MemorySource: "ledger"}
 		if got := reasonsOf(j.compare(k, &e, l))[BreachOverShare]; got != tt.want {
 			t.Errorf("%s: over_share %v, want %v", tt.name, got, tt.want)

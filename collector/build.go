@@ -2,7 +2,6 @@ package collector
 
 import (
 	"path/filepath"
-	"slices"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
 
@@ -26,6 +25,7 @@ type joiner struct {
 	procs    map[Key][]gpuProc       // the processes NVML lists, by cgroup and device
 	ordinals map[Key]int             // the CUDA ordinal of each entry a ledger covers
 	nvmlGPUs map[uint64]map[int]bool // the GPUs NVML lists each container's processes on
+	nvmlMem  map[Key]uint64          // the memory NVML shows for each container's processes
 	held     map[Key]float64         // shares the scheduler holds containers to (Scheduled.Held)
 	seenPIDs map[int]gpuProc         // identified this time, kept for the next view
 }
@@ -53,7 +53,8 @@ func (j *joiner) source(name string, err error) bool {
 // join makes a view of what read read.
 func (c *Collector) join(in *inputs) *View {
 	j := &joiner{c: c, v: &View{Node: c.node, Time: in.time}, entries: map[Key]*agentapi.ContainerDevice{},
-		uuids: map[int]string{}, index: map[string]int{}, live: map[uint64]bool{}, procs: map[Key][]gpuProc{}, ordinals: map[Key]int{}, nvmlGPUs: map[uint64]map[int]bool{}, seenPIDs: map[int]gpuProc{}}
+		uuids: map[int]string{}, index: map[string]int{}, live: map[uint64]bool{}, procs: map[Key][]gpuProc{}, ordinals: map[Key]int{}, nvmlGPUs: map[uint64]map[int]bool{}, nvmlMem: map[Key]uint64{},
+		seenPIDs: map[int]gpuProc{}}
 	if c.src.NVML != nil && j.source("nvml", in.nvmlErr) {
 		for _, d := range in.devs {
 			j.uuids[d.Index], j.index[d.UUID] = d.UUID, d.Index
@@ -79,6 +80,7 @@ type ledger struct {
 	dir     string
 	usage   *controlblock.UsageSnapshot
 	limits  *controlblock.LimitsConfig
+	file    claims.File
 	refused error // why its cgroup claim was refused
 	// gpus is the GPU (NVML index) of each of the container's CUDA
 	// ordinals; NoGPU where its UUID is not known.
@@ -146,6 +148,9 @@ func (j *joiner) verifyLedgers(in *inputs) (out map[uint64]*ledger, rejected []*
 	}
 	seen := map[string]bool{}
 	defer j.c.judge.keepLedgers(seen)
+	if j.c.src.Claims != nil {
+		defer j.c.src.Claims.Forget(seen)
+	}
 	defer func() {
 		for dir := range j.c.unmapped {
 			if !seen[dir] {
@@ -164,7 +169,6 @@ func (j *joiner) verifyLedgers(in *inputs) (out map[uint64]*ledger, rejected []*
 			continue
 		}
 		if _, err := j.c.src.Claims.Verify(l.dir, l.usage, j.assigned()); err != nil {
-			j.c.log.Debug("ledger's cgroup claim refused", "dir", l.dir, "cgroup", l.usage.CgroupID, "err", err)
 			l.refused = err
 			rejected = append(rejected, l)
 			continue
@@ -245,6 +249,7 @@ func (j *joiner) addNVML(devs []nvmldev.Device) {
 			e.CgroupPath = path
 			e.ComputeShare += p.Utilization
 			e.PIDs = append(e.PIDs, int(p.PID))
+			j.nvmlMem[Key{cg, d.Index}] += p.MemoryBytes
 			if e.MemorySource != "ebpf" {
 				e.MemoryUsedBytes += p.MemoryBytes
 				e.MemorySource = "nvml"
@@ -286,6 +291,7 @@ func (j *joiner) finish(ledgers map[uint64]*ledger, rejected []*ledger, schedule
 	if j.c.src.Scheduling != nil {
 		j.c.judge.enforcerRewinds(rewinds, j.v.Time)
 	}
+	j.showLarger()
 	j.judgeAll(ledgers, rejected, j.v.Time)
 	for k, e := range j.entries {
 		if e.CgroupPath == "" && j.c.src.Cgroups != nil {
@@ -374,10 +380,7 @@ func (j *joiner) addLedger(cg uint64, l *ledger) {
 				break
 			}
 		}
-		procs[k] = append(procs[k], p)
-		if e := j.entries[k]; !slices.Contains(e.PIDs, int(p.Pid)) {
-			e.PIDs = append(e.PIDs, int(p.Pid))
-		}
+		procs[k] = append(procs[k], p) // its pid is listed where NVML places it in the cgroup: a slot's is the container's word
 	}
 	launches, throttledNs := map[Key]float64{}, map[Key]float64{} // exact: they replace eBPF's estimates
 	for d := 0; d < u.NDev && d < controlblock.MaxDevices; d++ {
@@ -405,6 +408,17 @@ func (j *joiner) addLedger(cg uint64, l *ledger) {
 		e.Launches, e.ThrottledSeconds = n, throttledNs[k]/1e9
 	}
 	j.live[cg] = true
+}
+
+// showLarger shows NVML's figure for a container where it exceeds eBPF's
+// by more than its processes' contexts: memory the probes did not see.
+func (j *joiner) showLarger() {
+	for k, e := range j.entries {
+		n := uint64(len(j.procs[k]))
+		if e.MemorySource == "ebpf" && n > 0 && j.nvmlMem[k] > e.MemoryUsedBytes+n*j.contextBytes() {
+			e.MemoryUsedBytes, e.MemorySource = j.nvmlMem[k], "nvml"
+		}
+	}
 }
 
 // unplaced is what of a process's launches and throttled time its ledger

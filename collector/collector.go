@@ -40,6 +40,9 @@ type Sources struct {
 	// Scheduling gives what the enforcer holds each container to, per
 	// cgroup and GPU; nil: no enforcer.
 	Scheduling func() map[GPUKey]Scheduled
+	// NVMLContextBytes is what NVML may show per process beyond what the
+	// ledger and the probes count (a context's own memory).
+	NVMLContextBytes uint64
 }
 
 // Scheduled is what the enforcer holds one container to on one GPU.
@@ -101,6 +104,7 @@ type Collector struct {
 	ledgers  ledgerFiles
 	dirs     *controlblock.Dirs // the container directories under src.ControlDir
 	judge    judge
+	refused  refusedLedgers
 	procIDs  map[int]gpuProc           // GPU processes identified, by host pid
 	labels   atomic.Pointer[LabelFunc] // the last view's, for Assigned
 }

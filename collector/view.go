@@ -15,6 +15,7 @@ type View struct {
 	Containers []agentapi.ContainerDevice `json:"containers"`
 	Sources    []agentapi.SourceState     `json:"sources"`
 	BadLedgers []agentapi.BadLedger       `json:"badLedgers,omitempty"`
+	Refused    []agentapi.RefusedLedger   `json:"refusedLedgers,omitempty"`
 
 	probeEvents, probeLost uint64
 	probesOn               bool

@@ -15,11 +15,16 @@
  *   launchcapture N          N launches into a capturing stream (the launch's host cost
  *                            alone), prints "ok NS" per launch
  *   meminfo                  cuMemGetInfo_v2, prints "ok FREE TOTAL"
+ *   copyalloc BYTES PATH     load the libcuda at PATH in a link-map namespace of its own
+ *                            (dlmopen: no LD_PRELOAD there) and allocate BYTES on device 0
+ *                            through it, past any interposer
  *   quit
  *
  * Its kernel is PTX, so the same program runs on NVIDIA's driver (which
  * compiles it at load) and on simgpu (which accepts any image).
  */
+#define _GNU_SOURCE
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -170,8 +175,33 @@ static CUresult setup_stream(void) {
     return cuStreamCreate(&g_stream, 0);
 }
 
+/* copy_alloc allocates through a second driver: a copy of libcuda loaded
+ * where no preloaded library can see its calls. */
+static CUresult copy_alloc(const char *path, size_t bytes) {
+    void *h = dlmopen(LM_ID_NEWLM, path, RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        fprintf(stderr, "dlmopen %s: %s\n", path, dlerror());
+        return CUDA_ERROR_NOT_FOUND;
+    }
+    CUresult (*init)(unsigned) = (CUresult(*)(unsigned))dlsym(h, "cuInit");
+    CUresult (*get)(CUdevice *, int) = (CUresult(*)(CUdevice *, int))dlsym(h, "cuDeviceGet");
+    CUresult (*retain)(CUcontext *, CUdevice) = (CUresult(*)(CUcontext *, CUdevice))dlsym(h, "cuDevicePrimaryCtxRetain");
+    CUresult (*set)(CUcontext) = (CUresult(*)(CUcontext))dlsym(h, "cuCtxSetCurrent");
+    CUresult (*alloc)(CUdeviceptr *, size_t) = (CUresult(*)(CUdeviceptr *, size_t))dlsym(h, "cuMemAlloc_v2");
+    if (!init || !get || !retain || !set || !alloc) return CUDA_ERROR_NOT_FOUND;
+    CUdevice dev;
+    CUcontext ctx;
+    CUdeviceptr p;
+    CUresult rc = init(0);
+    if (!rc) rc = get(&dev, 0);
+    if (!rc) rc = retain(&ctx, dev);
+    if (!rc) rc = set(ctx);
+    if (!rc) rc = alloc(&p, bytes);
+    return rc; /* the copy stays loaded, its memory held */
+}
+
 int main(void) {
-    char line[256];
+    char line[1024];
     setvbuf(stdout, NULL, _IOLBF, 0);
     CUresult rc = cuInit(0);
     if (rc) {
@@ -185,6 +215,11 @@ int main(void) {
         unsigned long long b = strtoull(bs, NULL, 10), c = strtoull(cs, NULL, 10);
         if (n < 1) continue;
         if (!strcmp(cmd, "quit")) break;
+        char path[900];
+        if (!strcmp(cmd, "copyalloc") && sscanf(line, "copyalloc %llu %899s", &b, path) == 2) {
+            reply(copy_alloc(path, (size_t)b));
+            continue;
+        }
         if (!strcmp(cmd, "ctx")) {
             CUdevice dev;
             rc = cuDeviceGet(&dev, atoi(a));

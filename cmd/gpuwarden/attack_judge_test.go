@@ -62,15 +62,20 @@ func usageOffset(field string) int64 {
 // usage file it is given).
 func forge(t *testing.T, cg *simtest.Cgroup, usage, field string, v uint64) {
 	t.Helper()
+	forgeAt(t, cg, usage, usageOffset(field), v)
+}
+
+// forgeAt writes a 64-bit value at an 8-byte aligned offset of a ledger.
+func forgeAt(t *testing.T, cg *simtest.Cgroup, usage string, off int64, v uint64) {
+	t.Helper()
 	src := filepath.Join(t.TempDir(), "word")
 	if err := os.WriteFile(src, binary.LittleEndian.AppendUint64(nil, v), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	// One 8-byte write: every field forged is 8-byte aligned.
 	cmd := cg.Place(exec.Command("dd", "if="+src, "of="+usage, "bs=8", "count=1",
-		fmt.Sprintf("seek=%d", usageOffset(field)/8), "conv=notrunc", "status=none"))
+		fmt.Sprintf("seek=%d", off/8), "conv=notrunc", "status=none"))
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("forge %s: %v: %s", field, err, out)
+		t.Fatalf("forge at %d: %v: %s", off, err, out)
 	}
 }
 
@@ -366,6 +371,49 @@ func TestAttackRenamedLibcuda(t *testing.T) {
 	wantEvent(t, agent, "killed", "", cg.Rel)
 	if _, err := a.P.Wait(); err == nil {
 		t.Error("the bypass exited cleanly; want killed")
+	}
+	agentServes(t, agent)
+}
+
+// Attack 3 before the scan: a process with a ledger slot allocates through
+// a copy of libcuda the moment it loads it, before the scan attaches the
+// probes to the copy, while a sibling allocates through the interposer. eBPF
+// never sees the copy's memory; NVML does, and the larger meter is judged:
+// over_limit within seconds.
+func TestAttackCopyBeforeScan(t *testing.T) {
+	simtest.RequirePrivileged(t, "eBPF and cgroups")
+	m := simtest.NewMachine(t, 1, "16Gi")
+	agent := simtest.StartAgent(t, m)
+	copied := filepath.Join(t.TempDir(), "libnotcuda.so")
+	b, err := os.ReadFile(simtest.Bin(t, "simgpu/libcuda.so.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(copied, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cg := simtest.NewCgroup(t, "copier")
+	enforcedAlloc(t, m, agent, cg, "GPUWARDEN_MEMORY_LIMIT=1Gi").Do(t, "alloc linear %d", 256<<20)
+	a := enforcedAlloc(t, m, agent, cg, "GPUWARDEN_MEMORY_LIMIT=1Gi") // a slot of the ledger, a context through the interposer
+	simtest.Eventually(t, breachWithin, func() error {
+		if e, ok := entry(t, agent, cg); !ok || !e.Enforced || e.MemorySource != "ebpf" {
+			return fmt.Errorf("the container is not seen by eBPF under its ledger yet: %+v (listed %v)", e, ok)
+		}
+		return nil
+	})
+	start := time.Now()
+	a.Do(t, "copyalloc %d %s", 3<<30, copied)
+
+	wantBreach(t, agent, cg.Rel, collector.BreachOverLimit)
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("the copy's memory was judged after %v", took)
+	}
+	ev := wantEvent(t, agent, "breach", collector.BreachOverLimit, cg.Rel)
+	if !strings.Contains(ev.Message, "nvml") {
+		t.Errorf("the breach does not say NVML saw it: %+v", ev)
+	}
+	if e, _ := entry(t, agent, cg); e.MemorySource != "nvml" || e.MemoryUsedBytes < 3<<30 {
+		t.Errorf("the entry shows %d bytes from %s; want NVML's, above 3 GiB", e.MemoryUsedBytes, e.MemorySource)
 	}
 	agentServes(t, agent)
 }

@@ -7,6 +7,7 @@ package claims
 import (
 	"bufio"
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -62,8 +63,9 @@ type Verifier struct {
 	cgroupFS string // the cgroup2 mount, for cgroup.procs
 	procRoot string // /proc of the host's pid namespace
 
-	mu    sync.Mutex
-	cache map[string]verdict // by directory
+	mu      sync.Mutex
+	cache   map[string]verdict // by directory
+	refused map[string]refusal // by directory
 }
 
 type verdict struct {
@@ -72,10 +74,40 @@ type verdict struct {
 	at     time.Time
 }
 
+// refusal is a claim refused, kept while the ledger claims the same with
+// the same processes: a directory of junk is judged again after a wait that
+// doubles each time (refusedFirst up to refusedMax), not on every read.
+type refusal struct {
+	claim claim
+	err   error
+	until time.Time
+	wait  time.Duration
+}
+
+const refusedFirst, refusedMax = time.Second, 30 * time.Second
+
+// claim is what a verdict depends on: the cgroup named and the processes
+// of the slots.
+type claim struct {
+	cgroup uint64
+	procs  uint64 // FNV-1a of the slots' (pid, start time)
+}
+
+func claimOf(u *controlblock.UsageSnapshot) claim {
+	h := fnv.New64a()
+	var b [12]byte
+	for _, p := range u.Procs {
+		binary.LittleEndian.PutUint32(b[:4], uint32(p.Pid))
+		binary.LittleEndian.PutUint64(b[4:], p.StartTime)
+		h.Write(b[:])
+	}
+	return claim{cgroup: u.CgroupID, procs: h.Sum64()}
+}
+
 // NewVerifier checks claims against cgroups under cgroupFS and processes
 // under procRoot.
 func NewVerifier(r Resolver, cgroupFS, procRoot string) *Verifier {
-	return &Verifier{cgroups: r, cgroupFS: cgroupFS, procRoot: procRoot, cache: map[string]verdict{}}
+	return &Verifier{cgroups: r, cgroupFS: cgroupFS, procRoot: procRoot, cache: map[string]verdict{}, refused: map[string]refusal{}}
 }
 
 // Verify returns the cgroup path a ledger in directory dir speaks for, or
@@ -85,7 +117,35 @@ func NewVerifier(r Resolver, cgroupFS, procRoot string) *Verifier {
 //     kubelet assigned to the pod that cgroup belongs to, and
 //   - a live process of the ledger's slots (pid and start time) is in that
 //     cgroup, so a container cannot name another's cgroup.
+//
+// A refusal stands, without a second look, while the ledger claims the same
+// with the same processes, for a wait that grows each time it is refused
+// again: a ledger that changes is judged again at once.
 func (v *Verifier) Verify(dir string, u *controlblock.UsageSnapshot, assigned Assigned) (string, error) {
+	c := claimOf(u)
+	now := time.Now()
+	v.mu.Lock()
+	r, ok := v.refused[dir]
+	v.mu.Unlock()
+	if ok && r.claim == c && now.Before(r.until) {
+		return "", r.err
+	}
+	path, err := v.verify(dir, u, assigned)
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if err == nil {
+		delete(v.refused, dir)
+		return path, nil
+	}
+	wait := refusedFirst
+	if ok && r.claim == c {
+		wait = min(2*r.wait, refusedMax)
+	}
+	v.refused[dir] = refusal{claim: c, err: err, until: now.Add(wait), wait: wait}
+	return "", err
+}
+
+func (v *Verifier) verify(dir string, u *controlblock.UsageSnapshot, assigned Assigned) (string, error) {
 	if u.CgroupID == 0 {
 		return "", errors.New("the ledger names no cgroup")
 	}
@@ -129,6 +189,11 @@ func (v *Verifier) Forget(keep map[string]bool) {
 	for dir := range v.cache {
 		if !keep[dir] {
 			delete(v.cache, dir)
+		}
+	}
+	for dir := range v.refused {
+		if !keep[dir] {
+			delete(v.refused, dir)
 		}
 	}
 }

@@ -150,3 +150,29 @@ func TestRecheckSpread(t *testing.T) {
 		t.Errorf("1000 directories' rechecks span %v to %v; want them spread over most of %v", lo, hi, recheck/2)
 	}
 }
+
+// A refusal stands while the ledger claims the same with the same
+// processes, even once the claim would pass; a ledger that changes is
+// judged again at once.
+func TestVerifyBacksOffRefusals(t *testing.T) {
+	f := newFixture(t)
+	cgs := fakeCgroups{1: "/a"}
+	v := NewVerifier(cgs, f.cgroupFS, f.proc)
+	dir := controlblock.ContainerKey("/a")
+	f.process(200, 200, 6000, "/b")
+	f.write(filepath.Join(f.cgroupFS, "a", "cgroup.procs"), "")
+	if _, err := v.Verify(dir, ledger(1, slot(100, 5000)), nil); err == nil {
+		t.Fatal("a ledger none of whose processes is in its cgroup was believed")
+	}
+	f.process(100, 100, 5000, "/a")
+	if _, err := v.Verify(dir, ledger(1, slot(100, 5000)), nil); err == nil {
+		t.Error("a refusal was judged again before its wait")
+	}
+	if _, err := v.Verify(dir, ledger(1, slot(100, 5000), slot(7, 1)), nil); err != nil {
+		t.Errorf("a changed ledger was not judged again: %v", err)
+	}
+	v.Forget(map[string]bool{})
+	if len(v.cache)+len(v.refused) != 0 {
+		t.Errorf("Forget kept %d verdicts and %d refusals", len(v.cache), len(v.refused))
+	}
+}

@@ -19,6 +19,8 @@ type ContainersResponse struct {
 	Containers []ContainerDevice `json:"containers"`
 	Sources    []SourceState     `json:"sources"`
 	BadLedgers []BadLedger       `json:"badLedgers,omitempty"`
+	// RefusedLedgers are ledgers read whose cgroup claim was refused.
+	RefusedLedgers []RefusedLedger `json:"refusedLedgers,omitempty"`
 }
 
 // DevicesResponse is GET /api/v1/devices.
@@ -89,6 +91,19 @@ type SourceState struct {
 type BadLedger struct {
 	Dir   string `json:"dir"`
 	Error string `json:"error"`
+}
+
+// RefusedLedger is a control directory whose ledger reads but does not
+// speak for the cgroup it names (claims.Verifier's reason). Writers are the
+// cgroups held to account for it: those of the processes that map it and,
+// when its slots name processes of other containers, the cgroup its
+// directory belongs to. A refusal with no writer (a ledger left by a
+// container that is gone) accuses nobody.
+type RefusedLedger struct {
+	Dir     string   `json:"dir"`
+	Cgroup  uint64   `json:"cgroupId"`
+	Reason  string   `json:"reason"`
+	Writers []string `json:"writers,omitempty"`
 }
 
 // Breach is one reason a container is in breach, with what shows it.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 )
 
@@ -57,6 +58,37 @@ func ContainerKey(cgroupPath string) string {
 		k = k[:183]
 	}
 	return fmt.Sprintf("%s~%016X", k, h)
+}
+
+// KeyPath is the cgroup path a control directory's name was escaped from,
+// where ContainerKey's escaping can be undone (not a truncated key); ok is
+// false for a name that ContainerKey never makes.
+func KeyPath(key string) (path string, ok bool) {
+	if key == "root" {
+		return "/", true
+	}
+	var b strings.Builder
+	b.WriteByte('/')
+	for i := 0; i < len(key); i++ {
+		switch c := key[i]; c {
+		case '+':
+			b.WriteByte('/')
+		case '%':
+			if i+2 >= len(key) {
+				return "", false
+			}
+			v, err := strconv.ParseUint(key[i+1:i+3], 16, 8)
+			if err != nil {
+				return "", false
+			}
+			b.WriteByte(byte(v))
+			i += 2
+		default:
+			b.WriteByte(c)
+		}
+	}
+	path = b.String()
+	return path, ContainerKey(path) == key
 }
 
 // CgroupOf returns the cgroup v2 path of a process as /proc/<pid>/cgroup

@@ -34,6 +34,37 @@ func TestContainerKey(t *testing.T) {
 	}
 }
 
+// TestKeyPath: a key's cgroup path is found again, except where the key
+// was truncated or is no key at all.
+func TestKeyPath(t *testing.T) {
+	for in, key := range keyCases {
+		if in == "" {
+			continue
+		}
+		if got, ok := KeyPath(key); !ok || got != in {
+			t.Errorf("KeyPath(%q) = %q, %v; want %q", key, got, ok, in)
+		}
+	}
+	for _, key := range []string{ContainerKey("/" + strings.Repeat("abc/", 80)), "a%2", "a%zz", "a b", ".a", "a%2bb"} {
+		if got, ok := KeyPath(key); ok {
+			t.Errorf("KeyPath(%q) = %q: want no path", key, got)
+		}
+	}
+}
+
+// FuzzKeyPath: a path KeyPath gives escapes back to the same key.
+func FuzzKeyPath(f *testing.F) {
+	for _, key := range keyCases {
+		f.Add(key)
+	}
+	f.Add("a%2")
+	f.Fuzz(func(t *testing.T, key string) {
+		if p, ok := KeyPath(key); ok && ContainerKey(p) != key {
+			t.Fatalf("KeyPath(%q) = %q, whose key is %q", key, p, ContainerKey(p))
+		}
+	})
+}
+
 // TestKeyMatchesC checks the interposer's key rule gives the same names.
 func TestKeyMatchesC(t *testing.T) {
 	bin := simtest.Bin(t, "interposer/gw-envcheck")

@@ -57,8 +57,11 @@ type Enforcement struct {
 	dirs     *controlblock.Dirs
 	listed   uint64   // the generation of dirs last looked at whole
 	pending  []string // its directories not taken on then
-	stop     context.CancelFunc
-	done     chan struct{}
+	// retry is when a directory that could not be taken on (its ledger
+	// unreadable or its claim refused) is looked at again.
+	retry map[string]retry
+	stop  context.CancelFunc
+	done  chan struct{}
 }
 
 // member is one container under the scheduler.
@@ -79,7 +82,7 @@ type member struct {
 // Start starts the scheduler with the saved GPU settings and takes in
 // containers until Close.
 func Start(cfg Config) *Enforcement {
-	e := &Enforcement{cfg: cfg, members: map[string]*member{}, unmapped: map[string]bool{}, done: make(chan struct{}),
+	e := &Enforcement{cfg: cfg, members: map[string]*member{}, unmapped: map[string]bool{}, retry: map[string]retry{}, done: make(chan struct{}),
 		dirs: controlblock.NewDirs(cfg.ControlDir)}
 	var src scheduler.Source
 	if cfg.NVML != nil {
@@ -197,12 +200,39 @@ func (e *Enforcement) discover(members bool) {
 			delete(e.unmapped, dir)
 		}
 	}
+	for dir := range e.retry {
+		if !seen[dir] {
+			delete(e.retry, dir)
+		}
+	}
 }
 
+// retry is a directory's next look after a failure: the wait doubles from
+// retryFirst to retryMax while it keeps failing, so junk directories cost
+// a few reads a minute, not two a second each. A container restarted in a
+// new cgroup binds its ledger to it at once, and so waits at most retryMax
+// to be held by the scheduler (its memory limits hold all along).
+type retry struct {
+	at   time.Time
+	wait time.Duration
+}
+
+const retryFirst, retryMax = 500 * time.Millisecond, 4 * time.Second
+
 func (e *Enforcement) trackLogged(dir string, nodeGPUs func() ([]string, error)) {
-	if err := e.track(dir, nodeGPUs); err != nil {
-		e.cfg.Log.Debug("not enforcing", "dir", dir, "err", err)
+	now := time.Now()
+	r, failed := e.retry[dir]
+	if failed && now.Before(r.at) {
+		return
 	}
+	err := e.track(dir, nodeGPUs)
+	if err == nil {
+		delete(e.retry, dir)
+		return
+	}
+	e.cfg.Log.Debug("not enforcing", "dir", dir, "err", err)
+	r.wait = min(max(2*r.wait, retryFirst), retryMax)
+	e.retry[dir] = retry{at: now.Add(r.wait), wait: r.wait}
 }
 
 // notMembers is the directories of dirs not taken on.

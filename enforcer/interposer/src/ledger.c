@@ -99,6 +99,18 @@ static int open_usage(const char *dir, const char *key, char *path, size_t pathl
     return fd;
 }
 
+/* rebind makes a ledger laid out earlier speak for this process's cgroup:
+ * a container restarted in a new cgroup (of the same path, or in the same
+ * allocation on Kubernetes) finds the ledger it left, which names the
+ * cgroup it was laid out in. One directory serves one cgroup at a time, so
+ * the newest process's is the one. */
+static void rebind(struct gw_usage *u, const char *cgpath) {
+    uint64_t id = cgroup_id_of(cgpath);
+    if (!id || atomic_load(&u->cgroup_id) == id) return;
+    snprintf(u->cgroup_path, sizeof u->cgroup_path, "%s", cgpath);
+    atomic_store(&u->cgroup_id, id);
+}
+
 int gw_ledger_open(const char *dir, const char *key, const char *cgpath, char *err, size_t errlen) {
     char path[GW_CONTROL_DIR_MAX + 300];
     snprintf(limits_path, sizeof limits_path, "%s/%s/limits", dir, key);
@@ -128,6 +140,7 @@ int gw_ledger_open(const char *dir, const char *key, const char *cgpath, char *e
         __atomic_store_n(&u->magic, GW_USAGE_MAGIC, __ATOMIC_RELEASE);
     }
     if (!bad) bad = gw_usage_check(u, sizeof *u);
+    if (!bad) rebind(u, cgpath);
     flock(fd, LOCK_UN);
     if (bad) {
         if (u != MAP_FAILED) munmap(u, sizeof *u);

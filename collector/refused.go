@@ -1,0 +1,205 @@
+package collector
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/gpuwarden/gpuwarden/collector/claims"
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+)
+
+// refusedLedgers are what the judge keeps about ledgers whose cgroup claim
+// was refused, between views.
+type refusedLedgers struct {
+	// maps says whether a GPU process maps a refused ledger, by process
+	// and file: the interposer maps its ledger once, for the process's
+	// life, so one read of a process's maps answers for as long as both
+	// last.
+	maps map[holding]bool
+	// logged is the reason each refusal was logged with.
+	logged map[string]string
+}
+
+type holding struct {
+	pid   int
+	start uint64
+	file  claims.File
+}
+
+// judgeRefused holds the writers of refused ledgers to account, and no one
+// else. A container can write any (pid, start time) into its own ledger, so
+// a ledger's slots are no evidence against the processes they name. Its
+// writers are:
+//   - the GPU processes that map it (the interposer maps its container's
+//     ledger for the process's life): what they hold, they hold under a
+//     ledger that lies about its cgroup;
+//   - when its slots name GPU processes of other containers that do not map
+//     it, the container its directory belongs to, which alone writes it
+//     (an attempt to have another container judged by its ledger).
+//
+// A refused ledger with no writer (one a container that is gone left
+// behind) accuses nobody. It returns the breaches by cgroup, adds an entry
+// for an accused container that has none, and lists every refusal in the
+// view.
+func (j *joiner) judgeRefused(rejected []*ledger) map[uint64][]agentapi.Breach {
+	rl := &j.c.refused
+	if len(rejected) == 0 {
+		rl.maps, rl.logged = nil, nil
+		return nil
+	}
+	j.readMaps(rejected)
+	out := map[uint64][]agentapi.Breach{}
+	logged := map[string]string{}
+	for _, l := range rejected {
+		holders, framed := j.writersOf(l)
+		accused := map[uint64]agentapi.Breach{}
+		for cg, ps := range holders {
+			accused[cg] = agentapi.Breach{Reason: BreachFalseClaim, Procs: ps, Evidence: fmt.Sprintf(
+				"processes %v map ledger %s, which names cgroup %d: %v", pidsOf(ps), l.dir, l.usage.CgroupID, l.refused)}
+		}
+		if owner, ok := j.ownerOf(l.dir); ok && len(framed) > 0 {
+			accused[owner] = agentapi.Breach{Reason: BreachFalseClaim, Procs: holders[owner], Evidence: fmt.Sprintf(
+				"ledger %s, this container's, names processes %v of other containers in its slots (its claim, cgroup %d: %v)",
+				l.dir, pidsOf(framed), l.usage.CgroupID, l.refused)}
+		}
+		r := agentapi.RefusedLedger{Dir: l.dir, Cgroup: l.usage.CgroupID, Reason: l.refused.Error()}
+		for cg, b := range accused {
+			out[cg] = append(out[cg], b)
+			if !j.hasEntry(cg) {
+				j.entry(cg, j.firstGPU(l))
+			}
+			path, _ := j.pathOf(cg)
+			r.Writers = append(r.Writers, path)
+		}
+		slices.Sort(r.Writers)
+		j.v.Refused = append(j.v.Refused, r)
+		why := fmt.Sprintf("%s; writers %v", r.Reason, r.Writers)
+		if rl.logged[l.dir] != why {
+			j.c.log.Warn("ledger's cgroup claim refused", "dir", l.dir, "cgroup", l.usage.CgroupID, "err", l.refused,
+				"writers", r.Writers, "named", pidsOf(framed))
+		}
+		logged[l.dir] = why
+	}
+	rl.logged = logged
+	slices.SortFunc(j.v.Refused, func(a, b agentapi.RefusedLedger) int { return strings.Compare(a.Dir, b.Dir) })
+	return out
+}
+
+// writersOf sorts the GPU processes a refused ledger concerns: those that
+// map it, by cgroup, and those of other containers its slots name without
+// their mapping it.
+func (j *joiner) writersOf(l *ledger) (holders map[uint64][]agentapi.Process, framed []agentapi.Process) {
+	holders = map[uint64][]agentapi.Process{}
+	seen := map[int]bool{} // a process listed on several GPUs counts once
+	for k, ps := range j.procs {
+		for _, p := range ps {
+			if !p.ok || seen[p.hostPID] {
+				continue
+			}
+			seen[p.hostPID] = true
+			proc := agentapi.Process{PID: p.hostPID, StartTime: p.id.StartTime}
+			switch {
+			case j.c.refused.maps[holding{p.hostPID, p.id.StartTime, l.file}]:
+				holders[k.Cgroup] = append(holders[k.Cgroup], proc)
+			case claims.InSlots(p.id, l.usage.Procs):
+				if owner, ok := j.ownerOf(l.dir); !ok || owner != k.Cgroup {
+					framed = append(framed, proc)
+				}
+			}
+		}
+	}
+	return holders, framed
+}
+
+// readMaps learns, for every GPU process, which refused ledgers it maps,
+// reading the maps only of processes not asked about these files before.
+func (j *joiner) readMaps(rejected []*ledger) {
+	rl := &j.c.refused
+	want := map[claims.File]bool{}
+	for _, l := range rejected {
+		want[l.file] = true
+	}
+	kept := map[holding]bool{}
+	for _, ps := range j.procs {
+		for _, p := range ps {
+			if !p.ok {
+				continue
+			}
+			known := true
+			for f := range want {
+				h := holding{p.hostPID, p.id.StartTime, f}
+				v, ok := rl.maps[h]
+				known = known && ok
+				if ok {
+					kept[h] = v
+				}
+			}
+			if known {
+				continue
+			}
+			mapped, err := claims.Maps(j.c.src.ProcRoot, p.hostPID, want)
+			if err != nil {
+				continue // gone: asked again if listed again
+			}
+			for f := range want {
+				kept[holding{p.hostPID, p.id.StartTime, f}] = mapped[f]
+			}
+		}
+	}
+	rl.maps = kept
+}
+
+// ownerOf is the cgroup a control directory belongs to: off Kubernetes,
+// the one its name was made from; on Kubernetes, the container of a GPU
+// entry the kubelet assigned it to.
+func (j *joiner) ownerOf(dir string) (uint64, bool) {
+	if j.c.src.Cgroups == nil {
+		return 0, false
+	}
+	if path, ok := controlblock.KeyPath(dir); ok {
+		if id, err := j.c.src.Cgroups.ID(path); err == nil {
+			return id, true
+		}
+	}
+	if assigned := j.assigned(); assigned != nil {
+		for k := range j.entries {
+			if path, ok := j.pathOf(k.Cgroup); ok && assigned(dir, path) {
+				return k.Cgroup, true
+			}
+		}
+	}
+	return 0, false
+}
+
+func (j *joiner) pathOf(cg uint64) (string, bool) {
+	for k, e := range j.entries {
+		if k.Cgroup == cg && e.CgroupPath != "" {
+			return e.CgroupPath, true
+		}
+	}
+	if j.c.src.Cgroups == nil {
+		return "", false
+	}
+	return j.c.src.Cgroups.Path(cg)
+}
+
+func (j *joiner) hasEntry(cg uint64) bool {
+	for k := range j.entries {
+		if k.Cgroup == cg {
+			return true
+		}
+	}
+	return false
+}
+
+// firstGPU is the GPU of a ledger's first CUDA ordinal the node knows.
+func (j *joiner) firstGPU(l *ledger) int {
+	for _, g := range l.gpus {
+		if g != NoGPU {
+			return g
+		}
+	}
+	return NoGPU
+}
