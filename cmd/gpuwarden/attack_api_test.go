@@ -46,11 +46,18 @@ func TestAgentTokenFileIsPrivate(t *testing.T) {
 	}
 	agent.Stop(t)
 
-	// An existing, world-readable token file: made 0600, then written.
+	// An existing, world-readable token file, which a reader opened while
+	// it was: the token goes into a new 0600 file renamed over it, so what
+	// the reader holds never shows a token.
 	tok := filepath.Join(dir, "token")
 	if err := os.WriteFile(tok, []byte("old\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	held, err := os.Open(tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
 	agent = simtest.StartAgent(t, m, noEBPF, "GPUWARDEN_ENFORCEMENT_API_TOKEN_FILE="+tok)
 	st, err := os.Stat(tok)
 	if err != nil {
@@ -61,6 +68,12 @@ func TestAgentTokenFileIsPrivate(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(tok); len(b) != 65 {
 		t.Errorf("token file holds %q, want a fresh token", b)
+	}
+	if b, err := io.ReadAll(held); err != nil || string(b) != "old\n" {
+		t.Errorf("the file opened before the agent started reads %q, %v; want what it held then", b, err)
+	}
+	if left, _ := filepath.Glob(filepath.Join(dir, ".token.*")); len(left) != 0 {
+		t.Errorf("temporary token files left: %v", left)
 	}
 	if out, err := ctl(t, agent, "gpu", "0", "--max-inst", "4"); err != nil {
 		t.Errorf("ctl with the token: %v: %s", err, out)

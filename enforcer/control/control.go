@@ -15,7 +15,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
 	"github.com/gpuwarden/gpuwarden/enforcer/membership"
@@ -172,45 +171,38 @@ func makeToken(path string) (string, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return "", fmt.Errorf("api token: %w", err)
 	}
-	if err := writePrivate(path, []byte(tok+"\n")); err != nil {
+	if err := replacePrivate(path, []byte(tok+"\n")); err != nil {
 		return "", fmt.Errorf("api token: %w", err)
 	}
 	return tok, nil
 }
 
-// writePrivate writes b to path, readable by the agent's user alone: never
-// through a symlink (which could lead anywhere), never into a file of
-// another user (who may hold it open), and with the mode made 0600 before
-// b is written, whatever the file's mode was.
-func writePrivate(path string, b []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|syscall.O_NOFOLLOW|syscall.O_NONBLOCK, 0o600)
-	if errors.Is(err, syscall.ELOOP) {
+// replacePrivate puts b at path in a new file, readable by the agent's user
+// alone, renamed over whatever was there: whoever opened an earlier file
+// at path (while it was readable, or another user's) keeps reading that
+// one, never b. A symlink or other non-regular file at path is refused: it
+// was put there for something else.
+func replacePrivate(path string, b []byte) error {
+	if fi, err := os.Lstat(path); err == nil && fi.Mode()&os.ModeSymlink != 0 {
 		return fmt.Errorf("%s is a symlink: refused", path)
+	} else if err == nil && !fi.Mode().IsRegular() {
+		return fmt.Errorf("%s is not a regular file: refused", path)
 	}
+	f, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".*") // mode 0600
 	if err != nil {
 		return err
 	}
-	defer f.Close()
-	var st syscall.Stat_t
-	if err := syscall.Fstat(int(f.Fd()), &st); err != nil {
-		return fmt.Errorf("stat %s: %w", path, err)
+	_, err = f.Write(b)
+	if cerr := f.Close(); err == nil {
+		err = cerr
 	}
-	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
-		return fmt.Errorf("%s is not a regular file: refused", path)
+	if err == nil {
+		err = os.Rename(f.Name(), path)
 	}
-	if int(st.Uid) != os.Geteuid() {
-		return fmt.Errorf("%s belongs to uid %d: refused", path, st.Uid)
+	if err != nil {
+		os.Remove(f.Name())
 	}
-	if err := f.Chmod(0o600); err != nil {
-		return err
-	}
-	if err := f.Truncate(0); err != nil {
-		return err
-	}
-	if _, err := f.Write(b); err != nil {
-		return err
-	}
-	return f.Close()
+	return err
 }
 
 // decodeChange reads a change's JSON body, bounded: a body over
