@@ -492,6 +492,9 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		{"remote servers not a list", map[string]any{"config": map[string]any{"remote": map[string]any{"servers": "gpu-1"}}}, "servers"},
 		{"remote listen without port", map[string]any{"config": map[string]any{"remote": map[string]any{"listen": "7070"}}}, "listen"},
 		{"misspelt remote key", map[string]any{"remote": map[string]any{"secret": "x"}}, "secret"},
+		{"remote high priority not a list", map[string]any{"config": map[string]any{"remote": map[string]any{"highPriority": "ml"}}}, "highPriority"},
+		{"remote high priority too deep", map[string]any{"config": map[string]any{"remote": map[string]any{"highPriority": []any{"a/b/c/d"}}}}, "highPriority"},
+		{"remote no sessions per client", map[string]any{"config": map[string]any{"remote": map[string]any{"maxSessionsPerClient": 0}}}, "maxSessionsPerClient"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -511,7 +514,8 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 // takes its own certificate by node name.
 func TestRemoteServer(t *testing.T) {
 	m, _, err := render(t, map[string]any{
-		"config": map[string]any{"remote": map[string]any{"enabled": true, "listen": ":7443"}},
+		"config": map[string]any{"remote": map[string]any{"enabled": true, "listen": ":7443", "maxSessionsPerClient": 4,
+			"highPriority": []any{"ml", "infra/serve-*/main"}}},
 		"remote": map[string]any{"secretName": "gpuwarden-remote"},
 	})
 	if err != nil {
@@ -552,6 +556,9 @@ func TestRemoteServer(t *testing.T) {
 	cfg := o.ConfigMaps[0].Data["config.yaml"]
 	if !strings.Contains(cfg, "listen: :7443") {
 		t.Errorf("config.yaml lacks the remote listener:\n%s", cfg)
+	}
+	if !strings.Contains(cfg, "maxSessionsPerClient: 4") || !strings.Contains(cfg, "- infra/serve-*/main") {
+		t.Errorf("config.yaml lacks the remote admission rules:\n%s", cfg)
 	}
 	checkConfig(t, cfg)
 

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/admission"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/link"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/pki"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
@@ -39,6 +40,9 @@ type Config struct {
 	Devices func() ([]session.Device, error)
 	Worker  Worker
 	Log     *slog.Logger
+	// Admission caps each client's sessions and says who may run at
+	// high priority.
+	Admission admission.Rules
 }
 
 // Server serves remote sessions until Close.
@@ -269,6 +273,9 @@ func (s *Server) session(l *link.Conn, id pki.Identity, req session.Request, log
 		s.answer(l, link.Welcome, session.Welcome{Error: err.Error()})
 	}
 	v, err := req.Check()
+	if err == nil {
+		err = s.cfg.Admission.CheckPriority(id, v.High)
+	}
 	if err != nil {
 		refuse(err)
 		return
@@ -288,6 +295,8 @@ func (s *Server) session(l *link.Conn, id pki.Identity, req session.Request, log
 		err = errors.New("the server is shutting down")
 	case err == nil && len(s.sessions) >= MaxSessions:
 		err = fmt.Errorf("the server runs %d sessions, its most", MaxSessions)
+	case err == nil:
+		err = s.cfg.Admission.CheckHeld(id, s.heldLocked(id))
 	}
 	if err != nil {
 		s.mu.Unlock()
@@ -328,6 +337,17 @@ func (s *Server) session(l *link.Conn, id pki.Identity, req session.Request, log
 	start := time.Now()
 	err = l.Relay(proc.sock)
 	log.Info("remote: session ended", "after", time.Since(start).Round(time.Millisecond), "why", reason(err))
+}
+
+// heldLocked is how many sessions client id holds.
+func (s *Server) heldLocked(id pki.Identity) int {
+	n := 0
+	for _, a := range s.sessions {
+		if a.id == id {
+			n++
+		}
+	}
+	return n
 }
 
 func reason(err error) string {

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -8,10 +9,12 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/admission"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/client"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/link"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/pki"
@@ -27,6 +30,13 @@ func testServer(t *testing.T, creds string) (*Server, Worker, string) {
 
 // testServerWith runs a server whose worker script ends with body.
 func testServerWith(t *testing.T, creds, body string) (*Server, Worker, string) {
+	t.Helper()
+	return testServerRules(t, creds, body, admission.Rules{HighPriority: []string{"team-a/train-0/main"}},
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+}
+
+// testServerRules runs a server with admission rules and a log.
+func testServerRules(t *testing.T, creds, body string, rules admission.Rules, log *slog.Logger) (*Server, Worker, string) {
 	t.Helper()
 	simtest.RequirePrivileged(t, "cgroups")
 	mnt, err := cgroups.Mount("/proc/self/mountinfo")
@@ -47,7 +57,7 @@ func testServerWith(t *testing.T, creds, body string) (*Server, Worker, string) 
 		Env:          []string{"PATH=" + os.Getenv("PATH"), "GPUWARDEN_MEMORY_LIMIT=0", "LD_PRELOAD=/evil.so"}}
 	t.Cleanup(func() { os.Remove(w.parentDir()) })
 	s, err := Start(Config{Listen: "127.0.0.1:0", TLS: tlsConf, Timeout: time.Second, Node: "gpu-node", Worker: w,
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Log: log, Admission: rules,
 		Devices: func() ([]session.Device, error) {
 			return []session.Device{{Index: 0, UUID: "GPU-test-0", Name: "Sim", TotalBytes: 16 << 30, UsedBytes: 0}}, nil
 		}})
@@ -281,4 +291,103 @@ func TestNodeSessionLabelled(t *testing.T) {
 		!strings.Contains(err.Error(), "cannot open a session for team-b/infer-1/srv") {
 		t.Fatalf("a workload asserting another pod: %v", err)
 	}
+}
+
+// TestAdmission: one client cannot hold more than its share of sessions,
+// whether it connects with its own certificate or through its node's
+// relay, while other clients still get theirs; priority high goes only to
+// the clients the rules name, and every refusal is answered and logged.
+func TestAdmission(t *testing.T) {
+	hog := pki.Identity{Namespace: "evil", Pod: "hog", Container: "main"}
+	creds := credentials(t, hog)
+	for _, r := range []pki.Request{{Name: "node", Node: "node-a", Validity: time.Hour},
+		{Name: "other", Client: &pki.Identity{Namespace: "team-b", Pod: "infer-0", Container: "main"}, Validity: time.Hour}} {
+		if err := pki.Issue(creds, creds, r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var logged lockedBuffer
+	s, _, _ := testServerRules(t, creds, "exec cat <&3 >&3", admission.Rules{SessionsPerClient: 2, HighPriority: []string{"team-a"}},
+		slog.New(slog.NewTextHandler(&logged, nil)))
+	ctx := context.Background()
+	dial := func(name string) *client.Dialer {
+		d, err := client.NewDialer(s.Addr(), files(creds, name), time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return d
+	}
+	hogs, other, node := dial("client"), dial("other"), dial("node")
+	var first *link.Conn
+	open := func(d *client.Dialer, req session.Request) (session.Welcome, error) {
+		l, w, err := d.Open(ctx, req)
+		if err == nil {
+			t.Cleanup(func() { l.Close() })
+			if first == nil {
+				first = l
+			}
+		}
+		return w, err
+	}
+
+	for i := 0; i < 2; i++ {
+		if _, err := open(hogs, session.Request{Memory: "1Gi"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := open(hogs, session.Request{Memory: "1Gi"}); err == nil || !strings.Contains(err.Error(), "evil/hog/main holds 2 sessions") {
+		t.Fatalf("a third session of evil/hog/main: %v, want refused", err)
+	}
+	asHog := &session.Workload{Namespace: hog.Namespace, Pod: hog.Pod, Container: hog.Container}
+	if _, err := open(node, session.Request{Memory: "1Gi", For: asHog}); err == nil || !strings.Contains(err.Error(), "holds 2 sessions") {
+		t.Fatalf("a third session of evil/hog/main through its node: %v, want refused", err)
+	}
+	if _, err := open(other, session.Request{Memory: "1Gi"}); err != nil {
+		t.Fatalf("another client's session while evil/hog/main holds its most: %v", err)
+	}
+	if _, err := open(node, session.Request{Memory: "1Gi", For: &session.Workload{Namespace: "team-c", Pod: "p", Container: "c"}}); err != nil {
+		t.Fatalf("another pod's session through the same node: %v", err)
+	}
+	if l := logged.String(); !strings.Contains(l, "remote: session refused") || !strings.Contains(l, "holds 2 sessions") {
+		t.Errorf("the refusals are not logged:\n%s", l)
+	}
+
+	for _, c := range []struct {
+		d   *client.Dialer
+		pod *session.Workload
+	}{{other, nil}, {node, &session.Workload{Namespace: "team-c", Pod: "p", Container: "c"}}} {
+		if _, err := open(c.d, session.Request{Memory: "1Gi", Priority: "high", For: c.pod}); err == nil ||
+			!strings.Contains(err.Error(), "priority high is not granted") {
+			t.Errorf("priority high for a client the rules do not name: %v, want refused", err)
+		}
+	}
+	w, err := open(node, session.Request{Memory: "1Gi", Priority: "high", For: &session.Workload{Namespace: "team-a", Pod: "p", Container: "c"}})
+	if err != nil || w.Priority != "high" {
+		t.Errorf("priority high for team-a/p/c, which the rules name: %+v %v", w, err)
+	}
+
+	// A session of evil/hog/main ends: it may open another.
+	first.Close()
+	simtest.Eventually(t, 10*time.Second, func() error {
+		_, err := open(hogs, session.Request{Memory: "1Gi"})
+		return err
+	})
+}
+
+// lockedBuffer is a log the server writes while the test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/admission"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/pki"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/server"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
@@ -48,8 +49,9 @@ func (a *Agent) remoteServer(cgroupFS, node string) (*server.Server, error) {
 		}
 		return filepath.Join(filepath.Dir(exe), name)
 	}
+	rules := admission.Rules{SessionsPerClient: r.MaxSessionsPerClient, HighPriority: r.HighPriority}
 	return server.Start(server.Config{
-		Listen: r.Listen, TLS: tlsConf, Timeout: r.Timeout, Node: node, Log: a.log,
+		Listen: r.Listen, TLS: tlsConf, Timeout: r.Timeout, Node: node, Log: a.log, Admission: rules,
 		Devices: a.remoteDevices,
 		Worker: server.Worker{Path: beside(r.Worker, "gpuwarden-worker"), Interposer: beside(r.Interposer, "libgpuwarden.so"),
 			ControlDir: a.cfg.ControlDir, CgroupFS: cgroupFS, CgroupParent: r.CgroupParent, Env: os.Environ()},

@@ -20,6 +20,7 @@ import (
 
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 	"github.com/gpuwarden/gpuwarden/enforcer/policy"
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/admission"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/client"
 )
 
@@ -83,6 +84,9 @@ type Config struct {
 		CgroupParent string        `mapstructure:"cgroupParent"`
 		Servers      []string      `mapstructure:"servers"`
 		LibraryDir   string        `mapstructure:"libraryDir"`
+
+		MaxSessionsPerClient int      `mapstructure:"maxSessionsPerClient"`
+		HighPriority         []string `mapstructure:"highPriority"`
 	} `mapstructure:"remote"`
 	Paths struct {
 		Proc   string `mapstructure:"proc"`
@@ -149,6 +153,8 @@ var options = []option{
 	{"remote.cgroupParent", "gpuwarden-remote", "", "the cgroup, under the cgroup v2 tree's root, in which each session gets a cgroup of its own"},
 	{"remote.servers", []string{}, "", "GPU nodes (HOST[:PORT]) whose agents serve remote sessions to this node's pods: on a node without GPUs the device plugin (devicePlugin.enabled) then advertises gpuwarden.io/remote-gpu, maxInst slots per server GPU, healthy while its server answers, and the agent relays each allocated container's sessions with this node's certificate (remote.cert: `gpuwarden certs node`)"},
 	{"remote.libraryDir", "/usr/local/gpuwarden/remote", "", "the remote client library's directory on the host (libcuda.so.1, libnvidia-ml.so.1), mounted read-only into containers allocated gpuwarden.io/remote-gpu"},
+	{"remote.maxSessionsPerClient", admission.DefaultSessionsPerClient, "", "remote sessions one client (a certificate's container, or the pod a node's relay names) may hold at once on this server; more are refused, so one client cannot take every session"},
+	{"remote.highPriority", []string{}, "", "the clients that may ask for priority high (NAMESPACE[/POD[/CONTAINER]], each part a glob such as * or train-*); a request for high from any other is refused. Empty: none"},
 	{"paths.proc", "/proc", "", "the proc filesystem (the host's, under hostPID)"},
 	{"paths.cgroup", "", "", "the host's cgroup directory as the agent sees it: the cgroup v2 mount at it or below it (a hybrid host's unified directory), read from the agent's mountinfo (paths.proc/self/mountinfo), is the tree; empty: the agent's own cgroup v2 mount"},
 	{"profiling.pyroscopeServer", "", "", "Pyroscope server address for continuous profiling of the agent; empty: off"},
@@ -457,6 +463,14 @@ func (c Config) validateRemote() error {
 	}
 	if p := strings.Trim(r.CgroupParent, "/"); p == "" || strings.Contains("/"+p+"/", "/../") || strings.Contains("/"+p+"/", "/./") {
 		errs = append(errs, fmt.Errorf("remote.cgroupParent %q: want a cgroup below the root", r.CgroupParent))
+	}
+	if r.MaxSessionsPerClient < 1 {
+		errs = append(errs, fmt.Errorf("remote.maxSessionsPerClient %d: want at least 1", r.MaxSessionsPerClient))
+	}
+	for _, p := range r.HighPriority {
+		if err := admission.CheckPattern(p); err != nil {
+			errs = append(errs, fmt.Errorf("remote.highPriority: %w", err))
+		}
 	}
 	return errors.Join(errs...)
 }

@@ -105,6 +105,9 @@ func TestRefusesBadConfig(t *testing.T) {
 		{"remote relative library dir", "remote:\n  servers: [gpu-1]\n  libraryDir: lib\n", nil, "remote.libraryDir"},
 		{"remote servers without the device plugin", "remote:\n  servers: [gpu-1]\n", nil, "remote.servers needs devicePlugin.enabled"},
 		{"remote root cgroup parent", "remote:\n  enabled: true\n  cgroupParent: /\n", nil, "remote.cgroupParent"},
+		{"remote no sessions per client", "remote:\n  enabled: true\n  maxSessionsPerClient: 0\n", nil, "remote.maxSessionsPerClient 0"},
+		{"remote bad high-priority pattern", "", []string{"GPUWARDEN_REMOTE_ENABLED=true", "GPUWARDEN_REMOTE_HIGH_PRIORITY=ml/train-[0"}, `remote.highPriority: pattern "ml/train-[0"`},
+		{"remote high priority too deep", "remote:\n  enabled: true\n  highPriority: [a/b/c/d]\n", nil, `pattern "a/b/c/d"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -186,5 +189,19 @@ func TestInBreachScope(t *testing.T) {
 		if got := c.InBreachScope(path); got != want {
 			t.Errorf("InBreachScope(%q) = %v, want %v", path, got, want)
 		}
+	}
+}
+
+// TestRemoteAdmissionKeys: by default a client holds at most 16 sessions
+// and nobody runs at high priority; both are set from the file or the
+// environment.
+func TestRemoteAdmissionKeys(t *testing.T) {
+	c, err := load(t, "", nil)
+	if err != nil || c.Remote.MaxSessionsPerClient != 16 || len(c.Remote.HighPriority) != 0 {
+		t.Errorf("defaults: %d sessions per client, high priority %v, %v", c.Remote.MaxSessionsPerClient, c.Remote.HighPriority, err)
+	}
+	c, err = load(t, "remote:\n  enabled: true\n  maxSessionsPerClient: 4\n", []string{"GPUWARDEN_REMOTE_HIGH_PRIORITY=ml, infra/serve-*/main"})
+	if err != nil || c.Remote.MaxSessionsPerClient != 4 || strings.Join(c.Remote.HighPriority, ",") != "ml,infra/serve-*/main" {
+		t.Errorf("set: %d sessions per client, high priority %v, %v", c.Remote.MaxSessionsPerClient, c.Remote.HighPriority, err)
 	}
 }
