@@ -75,7 +75,7 @@ func benchAgent(o benchOptions, stdout io.Writer) error {
 
 // benchObservation: the agent with the enforcer off.
 func benchObservation(m *simMachine, stdout io.Writer) error {
-	agent, addr, err := m.startAgent("127.0.0.1:0", "GPUWARDEN_ENFORCEMENT_ENABLED=false")
+	agent, addr, err := m.startAgent("127.0.0.1:0", "GPUWARDEN_ENFORCEMENT_ENABLED=false", profilesOn)
 	if err != nil {
 		return err
 	}
@@ -127,7 +127,7 @@ func benchObservation(m *simMachine, stdout io.Writer) error {
 // benchEnforcement: the same containers with the enforcer on, every one of
 // them scheduled on the one GPU.
 func benchEnforcement(m *simMachine, stdout io.Writer) error {
-	agent, addr, err := m.startAgent("127.0.0.1:0", "GPUWARDEN_ENFORCEMENT_ENABLED=true")
+	agent, addr, err := m.startAgent("127.0.0.1:0", "GPUWARDEN_ENFORCEMENT_ENABLED=true", profilesOn)
 	if err != nil {
 		return err
 	}
@@ -367,6 +367,9 @@ func rssMiB(pid int) (float64, error) {
 	}
 	return 0, errors.New("no VmRSS")
 }
+
+// profilesOn serves the profiles saveProfile reads.
+const profilesOn = "GPUWARDEN_HTTP_PPROF=true"
 
 func saveProfile(addr, out string, seconds int) error {
 	resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", addr, seconds))

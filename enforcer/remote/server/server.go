@@ -18,6 +18,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/connlimit"
+	"github.com/gpuwarden/gpuwarden/enforcer/ratelog"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/admission"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/link"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/pki"
@@ -28,6 +30,10 @@ import (
 // whatever memory is left: a client must not fork the node to death with
 // sessions of a MiB each.
 const MaxSessions = 256
+
+// HandshakeTimeout bounds a client's TLS handshake, whatever Timeout is:
+// until it completes, anyone who reaches the port holds a connection.
+const HandshakeTimeout = 5 * time.Second
 
 // Config is what a server needs.
 type Config struct {
@@ -43,12 +49,18 @@ type Config struct {
 	// Admission caps each client's sessions and says who may run at
 	// high priority.
 	Admission admission.Rules
+	// Limits caps the open connections, sessions and handshakes
+	// together (zero: no cap).
+	Limits connlimit.Limits
 }
 
 // Server serves remote sessions until Close.
 type Server struct {
-	cfg Config
-	lis net.Listener
+	cfg     Config
+	lis     net.Listener
+	limited *connlimit.Listener
+	// refusedHandshakes logs failed handshakes, which anyone can cause.
+	refusedHandshakes *ratelog.Logger
 
 	mu       sync.Mutex
 	sessions map[string]*active // by cgroup path
@@ -79,12 +91,13 @@ func Start(cfg Config) (*Server, error) {
 	if err := cfg.Worker.removeStale(); err != nil {
 		return nil, err
 	}
-	lis, err := tls.Listen("tcp", cfg.Listen, cfg.TLS)
+	limited, err := connlimit.Listen(cfg.Listen, cfg.Limits, cfg.Log.With("listener", "remote"))
 	if err != nil {
 		return nil, fmt.Errorf("listen on %s: %w", cfg.Listen, err)
 	}
-	s := &Server{cfg: cfg, lis: lis, sessions: map[string]*active{}, conns: map[net.Conn]bool{},
-		next: uint64(time.Now().UnixNano())}
+	s := &Server{cfg: cfg, lis: tls.NewListener(limited, cfg.TLS), limited: limited,
+		refusedHandshakes: ratelog.New(cfg.Log, slog.LevelWarn, "remote: TLS handshake refused", time.Second),
+		sessions:          map[string]*active{}, conns: map[net.Conn]bool{}, next: uint64(time.Now().UnixNano())}
 	s.wg.Add(1)
 	go s.serve()
 	return s, nil
@@ -92,6 +105,9 @@ func Start(cfg Config) (*Server, error) {
 
 // Addr is the listener's address.
 func (s *Server) Addr() string { return s.lis.Addr().String() }
+
+// Refused is how many connections were closed for being over Limits.
+func (s *Server) Refused() uint64 { return s.limited.Refused() }
 
 // Close stops listening and ends every session (their workers killed).
 func (s *Server) Close() error {
@@ -153,11 +169,11 @@ func (s *Server) serve() {
 // handle authenticates the client, reads its first frame and answers it.
 func (s *Server) handle(c *tls.Conn) {
 	log := s.cfg.Log.With("peer", c.RemoteAddr().String())
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.Timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), min(s.cfg.Timeout, HandshakeTimeout))
 	err := c.HandshakeContext(ctx)
 	cancel()
 	if err != nil {
-		log.Warn("remote: TLS handshake refused", "err", err)
+		s.refusedHandshakes.Log("peer", c.RemoteAddr().String(), "err", err)
 		return
 	}
 	peer, err := pki.PeerIdentity(c.ConnectionState())

@@ -25,6 +25,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/collector/claims"
 	"github.com/gpuwarden/gpuwarden/collector/kubelet"
 	"github.com/gpuwarden/gpuwarden/deploy/deviceplugin"
+	"github.com/gpuwarden/gpuwarden/enforcer/connlimit"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/enforcer/membership"
 	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
@@ -52,6 +53,7 @@ type Agent struct {
 	coll     *collector.Collector
 	srv      *http.Server
 	lis      net.Listener
+	refused  map[string]func() uint64 // each capped listener's refusals, by name
 	closers  []func() error
 	wg       sync.WaitGroup
 }
@@ -60,7 +62,7 @@ type Agent struct {
 // (the HTTP listener) fails Start; the rest are logged and reported down on
 // /readyz.
 func Start(ctx context.Context, cfg config.Config, version string, log *slog.Logger) (*Agent, error) {
-	a := &Agent{cfg: cfg, version: version, log: log}
+	a := &Agent{cfg: cfg, version: version, log: log, refused: map[string]func() uint64{}}
 	node := nodeName(cfg)
 	log.Info("starting gpuwarden agent", "version", version, "node", node)
 
@@ -246,14 +248,18 @@ func (a *Agent) logFailedAllocs(events <-chan observe.FailedAlloc) {
 }
 
 func (a *Agent) startHTTP() error {
-	lis, err := net.Listen("tcp", a.cfg.HTTP.Listen)
+	h := a.cfg.HTTP
+	lis, err := connlimit.Listen(h.Listen, connlimit.Limits{Total: h.MaxConnections, PerSource: h.MaxConnectionsPerSource},
+		a.log.With("listener", "http"))
 	if err != nil {
 		a.parts.set("http", true, err)
-		return fmt.Errorf("listen on %s: %w", a.cfg.HTTP.Listen, err)
+		return fmt.Errorf("listen on %s: %w", h.Listen, err)
 	}
 	a.parts.set("http", true, nil)
 	a.lis = lis
-	a.srv = &http.Server{Handler: a.mux(), ReadHeaderTimeout: 10 * time.Second}
+	a.refused["http"] = lis.Refused
+	a.srv = &http.Server{Handler: a.mux(), ReadHeaderTimeout: readHeaderTimeout, ReadTimeout: readTimeout,
+		WriteTimeout: writeTimeout, IdleTimeout: idleTimeout}
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()

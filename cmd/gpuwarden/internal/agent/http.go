@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/pprof"
+	"strconv"
+	"time"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
 
@@ -14,19 +16,39 @@ import (
 	"github.com/gpuwarden/gpuwarden/enforcer/control"
 )
 
+// The HTTP server's bounds: whoever reaches the port (any pod, on
+// Kubernetes) is hostile input, and a connection that idles or sends
+// slowly must not hold its place, buffers and goroutine for long.
+const (
+	readHeaderTimeout = 5 * time.Second
+	readTimeout       = 10 * time.Second // a whole request: the change API's bodies are small
+	idleTimeout       = 30 * time.Second // between requests on a kept-alive connection
+	// maxProfile bounds a profile's or trace's seconds (http.pprof); the
+	// response must be written within writeTimeout.
+	maxProfile   = 30 * time.Second
+	writeTimeout = maxProfile + 15*time.Second
+)
+
 func (a *Agent) mux() *http.ServeMux {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{Namespace: "gpuwarden_agent"}))
+	for name, refused := range a.refused {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "gpuwarden_agent_connections_refused_total",
+			Help:        "Connections closed at once for being over the listener's maxConnections or maxConnectionsPerSource.",
+			ConstLabels: prometheus.Labels{"listener": name}}, func() float64 { return float64(refused()) }))
+	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", a.coll.MetricsHandler(reg, a.log))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
 	mux.HandleFunc("GET /readyz", a.readyz)
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	if a.cfg.HTTP.Pprof {
+		mux.Handle("/debug/pprof/", boundedSeconds(http.HandlerFunc(pprof.Index)))
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.Handle("/debug/pprof/profile", boundedSeconds(http.HandlerFunc(pprof.Profile)))
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.Handle("/debug/pprof/trace", boundedSeconds(http.HandlerFunc(pprof.Trace)))
+	}
 	a.coll.RegisterAPI(mux)
 	if e := a.enf.Load(); e != nil {
 		if err := control.Register(mux, a.cfg.Enforcement.APITokenFile, e, a.breaches); err != nil {
@@ -44,4 +66,19 @@ func (a *Agent) readyz(w http.ResponseWriter, _ *http.Request) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}
 	_ = json.NewEncoder(w).Encode(agentapi.ReadyResponse{Ready: ready, Parts: p})
+}
+
+// boundedSeconds refuses a profile that would run longer than maxProfile
+// (profile, trace and the delta profiles take seconds=N), so one request
+// cannot keep the agent profiling, and a connection open, for a day.
+func boundedSeconds(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if v := r.FormValue("seconds"); v != "" {
+			if sec, err := strconv.ParseFloat(v, 64); err != nil || !(sec <= maxProfile.Seconds()) {
+				http.Error(w, "seconds: want at most "+strconv.Itoa(int(maxProfile.Seconds())), http.StatusBadRequest)
+				return
+			}
+		}
+		h.ServeHTTP(w, r)
+	})
 }

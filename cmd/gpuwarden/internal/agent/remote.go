@@ -5,6 +5,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/connlimit"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/admission"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/pki"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/server"
@@ -26,6 +27,7 @@ func (a *Agent) startRemote(cgroupFS, node string) func(string) (string, string,
 		return nil
 	}
 	a.closers = append(a.closers, srv.Close)
+	a.refused["remote"] = srv.Refused
 	a.log.Info("serving remote GPU sessions", "address", srv.Addr())
 	return func(path string) (string, string, string, bool) {
 		id, ok := srv.Label(path)
@@ -52,6 +54,7 @@ func (a *Agent) remoteServer(cgroupFS, node string) (*server.Server, error) {
 	rules := admission.Rules{SessionsPerClient: r.MaxSessionsPerClient, HighPriority: r.HighPriority}
 	return server.Start(server.Config{
 		Listen: r.Listen, TLS: tlsConf, Timeout: r.Timeout, Node: node, Log: a.log, Admission: rules,
+		Limits:  connlimit.Limits{Total: r.MaxConnections, PerSource: r.MaxConnectionsPerSource},
 		Devices: a.remoteDevices,
 		Worker: server.Worker{Path: beside(r.Worker, "gpuwarden-worker"), Interposer: beside(r.Interposer, "libgpuwarden.so"),
 			ControlDir: a.cfg.ControlDir, CgroupFS: cgroupFS, CgroupParent: r.CgroupParent, Env: os.Environ()},

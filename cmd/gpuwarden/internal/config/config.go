@@ -30,8 +30,11 @@ type Config struct {
 	ControlDir      string        `mapstructure:"controlDir"`
 	ControlDirGrace time.Duration `mapstructure:"controlDirGrace"`
 	HTTP            struct {
-		Enabled bool   `mapstructure:"enabled"`
-		Listen  string `mapstructure:"listen"`
+		Enabled                 bool   `mapstructure:"enabled"`
+		Listen                  string `mapstructure:"listen"`
+		Pprof                   bool   `mapstructure:"pprof"`
+		MaxConnections          int    `mapstructure:"maxConnections"`
+		MaxConnectionsPerSource int    `mapstructure:"maxConnectionsPerSource"`
 	} `mapstructure:"http"`
 	EBPF struct {
 		Enabled        bool          `mapstructure:"enabled"`
@@ -87,6 +90,9 @@ type Config struct {
 
 		MaxSessionsPerClient int      `mapstructure:"maxSessionsPerClient"`
 		HighPriority         []string `mapstructure:"highPriority"`
+
+		MaxConnections          int `mapstructure:"maxConnections"`
+		MaxConnectionsPerSource int `mapstructure:"maxConnectionsPerSource"`
 	} `mapstructure:"remote"`
 	Paths struct {
 		Proc   string `mapstructure:"proc"`
@@ -113,8 +119,11 @@ var options = []option{
 	{"nodeName", "", "node-name", "the node's name in metric labels; empty: $NODE_NAME, else the host name"},
 	{"controlDir", "/run/gpuwarden", "control-dir", "where containers' control blocks live (the interposer reads the same GPUWARDEN_CONTROL_DIR)"},
 	{"controlDirGrace", allocation.DefaultCollectGrace, "", "how long a container's control directory stays once nothing claims it (the kubelet's pod-resources no longer lists its allocation, or the cgroup it was made for is gone) and no live process maps it; then the agent removes it and the settings saved for it (enforcement.stateFile). 0 keeps every one"},
-	{"http.enabled", true, "", "serve /metrics, /healthz, /readyz, /debug/pprof/ and the API"},
+	{"http.enabled", true, "", "serve /metrics, /healthz, /readyz and the API"},
 	{"http.listen", ":9477", "listen", "the HTTP server's address"},
+	{"http.pprof", false, "", "also serve Go's profiles at /debug/pprof/, to anyone who reaches the port (a profile or trace of at most 30 seconds)"},
+	{"http.maxConnections", 512, "", "connections the HTTP server holds open at most; more are closed at once (1-65536)"},
+	{"http.maxConnectionsPerSource", 64, "", "connections from one IP address the HTTP server holds open at most (1 to http.maxConnections)"},
 	{"ebpf.enabled", true, "", "observe every libcuda with eBPF uprobes"},
 	{"ebpf.pinDir", "/sys/fs/bpf/gpuwarden", "", "bpffs directory the eBPF maps are pinned in, so their state outlives an agent restart; empty pins nothing"},
 	{"ebpf.libraries", []string{}, "", "libcuda paths attached at start, besides the one ldconfig knows"},
@@ -155,6 +164,8 @@ var options = []option{
 	{"remote.libraryDir", "/usr/local/gpuwarden/remote", "", "the remote client library's directory on the host (libcuda.so.1, libnvidia-ml.so.1), mounted read-only into containers allocated gpuwarden.io/remote-gpu"},
 	{"remote.maxSessionsPerClient", admission.DefaultSessionsPerClient, "", "remote sessions one client (a certificate's container, or the pod a node's relay names) may hold at once on this server; more are refused, so one client cannot take every session"},
 	{"remote.highPriority", []string{}, "", "the clients that may ask for priority high (NAMESPACE[/POD[/CONTAINER]], each part a glob such as * or train-*); a request for high from any other is refused. Empty: none"},
+	{"remote.maxConnections", 512, "", "connections the remote listener holds open at most, sessions and handshakes together; more are closed at once (1-65536)"},
+	{"remote.maxConnectionsPerSource", 128, "", "connections from one IP address the remote listener holds open at most (1 to remote.maxConnections): a node relaying its pods' sessions opens one per session"},
 	{"paths.proc", "/proc", "", "the proc filesystem (the host's, under hostPID)"},
 	{"paths.cgroup", "", "", "the host's cgroup directory as the agent sees it: the cgroup v2 mount at it or below it (a hybrid host's unified directory), read from the agent's mountinfo (paths.proc/self/mountinfo), is the tree; empty: the agent's own cgroup v2 mount"},
 	{"profiling.pyroscopeServer", "", "", "Pyroscope server address for continuous profiling of the agent; empty: off"},
@@ -309,6 +320,7 @@ func (c Config) Validate() error {
 		if _, _, err := net.SplitHostPort(c.HTTP.Listen); err != nil {
 			errs = append(errs, fmt.Errorf("http.listen %q: %w", c.HTTP.Listen, err))
 		}
+		errs = append(errs, validateConnCaps("http", c.HTTP.MaxConnections, c.HTTP.MaxConnectionsPerSource)...)
 	}
 	if c.EBPF.ScanInterval < 0 {
 		errs = append(errs, fmt.Errorf("ebpf.scanInterval %v is negative", c.EBPF.ScanInterval))
@@ -461,6 +473,7 @@ func (c Config) validateRemote() error {
 			errs = append(errs, fmt.Errorf("%s %q: want an absolute path", p.key, p.v))
 		}
 	}
+	errs = append(errs, validateConnCaps("remote", r.MaxConnections, r.MaxConnectionsPerSource)...)
 	if p := strings.Trim(r.CgroupParent, "/"); p == "" || strings.Contains("/"+p+"/", "/../") || strings.Contains("/"+p+"/", "/./") {
 		errs = append(errs, fmt.Errorf("remote.cgroupParent %q: want a cgroup below the root", r.CgroupParent))
 	}
@@ -473,4 +486,21 @@ func (c Config) validateRemote() error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// maxConnCap bounds a listener's caps: beyond it a cap bounds nothing a
+// node's file descriptors would not.
+const maxConnCap = 65536
+
+// validateConnCaps checks a listener's maxConnections and
+// maxConnectionsPerSource.
+func validateConnCaps(part string, total, perSource int) []error {
+	var errs []error
+	if total < 1 || total > maxConnCap {
+		errs = append(errs, fmt.Errorf("%s.maxConnections %d: want 1-%d", part, total, maxConnCap))
+	}
+	if perSource < 1 || perSource > total {
+		errs = append(errs, fmt.Errorf("%s.maxConnectionsPerSource %d: want 1 to %s.maxConnections (%d)", part, perSource, part, total))
+	}
+	return errs
 }

@@ -40,6 +40,10 @@ func TestDefaults(t *testing.T) {
 		dp.InterposerPath != "/usr/local/gpuwarden/lib/libgpuwarden.so" || dp.Preload != "env" || dp.HealthInterval != 5*time.Second {
 		t.Errorf("devicePlugin defaults = %+v", dp)
 	}
+	if h, r := c.HTTP, c.Remote; h.Pprof || h.MaxConnections != 512 || h.MaxConnectionsPerSource != 64 ||
+		r.MaxConnections != 512 || r.MaxConnectionsPerSource != 128 {
+		t.Errorf("connection caps and pprof defaults = %+v, remote %d/%d", h, r.MaxConnections, r.MaxConnectionsPerSource)
+	}
 	c, err = load(t, "devicePlugin:\n  enabled: true\n  maxInst: 8\n", []string{"GPUWARDEN_DEVICE_PLUGIN_PRELOAD=ld.so.preload"})
 	if err != nil || !c.DevicePlugin.Enabled || c.DevicePlugin.MaxInst != 8 || c.DevicePlugin.Preload != "ld.so.preload" {
 		t.Errorf("devicePlugin from file and environment = %+v, %v", c.DevicePlugin, err)
@@ -108,6 +112,12 @@ func TestRefusesBadConfig(t *testing.T) {
 		{"remote no sessions per client", "remote:\n  enabled: true\n  maxSessionsPerClient: 0\n", nil, "remote.maxSessionsPerClient 0"},
 		{"remote bad high-priority pattern", "", []string{"GPUWARDEN_REMOTE_ENABLED=true", "GPUWARDEN_REMOTE_HIGH_PRIORITY=ml/train-[0"}, `remote.highPriority: pattern "ml/train-[0"`},
 		{"remote high priority too deep", "remote:\n  enabled: true\n  highPriority: [a/b/c/d]\n", nil, `pattern "a/b/c/d"`},
+		{"http no connections", "http:\n  maxConnections: 0\n", nil, "http.maxConnections 0: want 1-65536"},
+		{"http connections not a number", "", []string{"GPUWARDEN_HTTP_MAX_CONNECTIONS=many"}, "maxConnections"},
+		{"http per source over the total", "", []string{"GPUWARDEN_HTTP_MAX_CONNECTIONS_PER_SOURCE=1000"}, "http.maxConnectionsPerSource 1000: want 1 to http.maxConnections (512)"},
+		{"bad pprof", "", []string{"GPUWARDEN_HTTP_PPROF=sometimes"}, "http.pprof"},
+		{"remote per source 0", "remote:\n  enabled: true\n  maxConnectionsPerSource: 0\n", nil, "remote.maxConnectionsPerSource 0"},
+		{"remote too many connections", "", []string{"GPUWARDEN_REMOTE_ENABLED=true", "GPUWARDEN_REMOTE_MAX_CONNECTIONS=100000"}, "remote.maxConnections 100000: want 1-65536"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
