@@ -165,3 +165,35 @@ func TestRestartedContainerRunsOn(t *testing.T) {
 	}
 	agentServes(t, agent)
 }
+
+// A slot is the container's word: one forged to name the agent itself, in
+// a ledger whose claim stands, puts no pid in the container's entry that is
+// not verified to be in the container.
+func TestAttackForgedSlotNotListed(t *testing.T) {
+	simtest.RequirePrivileged(t, "eBPF and cgroups")
+	m := simtest.NewMachine(t, 1, "16Gi")
+	agent := simtest.StartAgent(t, m)
+	cg := simtest.NewCgroup(t, "lister")
+	a := enforcedAlloc(t, m, agent, cg, "GPUWARDEN_MEMORY_LIMIT=1Gi")
+	a.Do(t, "alloc linear %d", 128<<20)
+	own := a.P.Cmd.Process.Pid
+	agentPID := agent.Proc.Cmd.Process.Pid
+	start, err := claims.StartTime("/proc", agentPID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	forgeSlot(t, cg, ledgerOf(agent, cg), 9, agentPID, start)
+	pids := func() error {
+		e, ok := entry(t, agent, cg)
+		if !ok || !slices.Equal(e.PIDs, []int{own}) {
+			return fmt.Errorf("pids %v (listed %v), want only the container's process %d", e.PIDs, ok, own)
+		}
+		return nil
+	}
+	simtest.Eventually(t, breachWithin, pids)
+	time.Sleep(5 * time.Second) // the slots are read again at least every fourth view
+	if err := pids(); err != nil {
+		t.Error(err)
+	}
+	agentServes(t, agent)
+}

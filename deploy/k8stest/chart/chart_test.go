@@ -261,6 +261,53 @@ func TestChartOnRealNode(t *testing.T) {
 			t.Logf("targets %.3f:%.3f; device time w1 %.2f, w2 %.2f (ratio %.2f)", limits[0], limits[1], got[0], got[1], got[1]/got[0])
 		}},
 
+		// A container that crashes is started again by the kubelet in a new
+		// cgroup, on the same allocation: its ledger is bound to the new
+		// cgroup, and the agent enforces it as before, with no breach.
+		{"container-restart", func(t *testing.T) {
+			p := c.workloadSpec("crasher", resGPU, 1, nil,
+				"if [ -e /dev/shm/ran ]; then exec /usr/local/simgpu/workload --alloc 256Mi --seconds 1800 --kernel-ns 1000000; fi; "+
+					"touch /dev/shm/ran; /usr/local/simgpu/workload --alloc 256Mi --seconds 2; exit 1")
+			p.Spec.RestartPolicy = corev1.RestartPolicyAlways
+			c.createPod(t, p)
+			eventually(t, 3*time.Minute, "crasher runs again after its crash", func() error {
+				p, err := c.client.CoreV1().Pods(podNamespace).Get(ctx, "crasher", metav1.GetOptions{})
+				if err != nil {
+					return err
+				}
+				if cs := p.Status.ContainerStatuses; len(cs) == 1 && cs[0].RestartCount >= 1 && cs[0].State.Running != nil {
+					return nil
+				}
+				return fmt.Errorf("phase %s, containers %+v", p.Status.Phase, p.Status.ContainerStatuses)
+			})
+			enforced := func() error {
+				if v, err := podValue(agent, "gpuwarden_container_gpu_memory_limit_bytes", "crasher", nil); err != nil || v != 4*gib {
+					return fmt.Errorf("gpu_memory_limit_bytes %v (%v), want 4 GiB", v, err)
+				}
+				if v, err := podValue(agent, "gpuwarden_container_unenforced", "crasher", nil); err != nil || v != 0 {
+					return fmt.Errorf("unenforced %v (%v), want 0", v, err)
+				}
+				ss, err := metrics(agent, "gpuwarden_container_breach")
+				if err != nil {
+					return err
+				}
+				for _, s := range ss {
+					if s.labels["pod"] == "crasher" && s.value != 0 {
+						return fmt.Errorf("crasher in breach: %v", s.labels)
+					}
+				}
+				return nil
+			}
+			eventually(t, 2*time.Minute, "the restarted container is enforced", enforced)
+			time.Sleep(5 * time.Second) // past the judge's 2 s of evidence
+			if err := enforced(); err != nil {
+				t.Error(err)
+			}
+			if n := c.running(t, podNamespace, "crasher").Status.ContainerStatuses[0].RestartCount; n != 1 {
+				t.Errorf("crasher restarted %d times, want once", n)
+			}
+		}},
+
 		// 17 GiB on a node of 16: never scheduled.
 		{"over-capacity", func(t *testing.T) {
 			c.workloadPod(t, "too-big", resMemory, 17, nil, "exec sleep 3600")

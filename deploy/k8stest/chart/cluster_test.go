@@ -115,7 +115,12 @@ func (c *cluster) kubectlOut(args ...string) (string, error) {
 // container's own cgroup, before anything loads CUDA.
 func (c *cluster) workloadPod(t *testing.T, name string, res corev1.ResourceName, n int64, annotations map[string]string, script string) {
 	t.Helper()
-	p := &corev1.Pod{
+	c.createPod(t, c.workloadSpec(name, res, n, annotations, script))
+}
+
+// workloadSpec is workloadPod's pod, not created yet.
+func (c *cluster) workloadSpec(name string, res corev1.ResourceName, n int64, annotations map[string]string, script string) *corev1.Pod {
+	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: podNamespace, Annotations: annotations},
 		Spec: corev1.PodSpec{
 			RestartPolicy:                 corev1.RestartPolicyNever,
@@ -139,8 +144,12 @@ func (c *cluster) workloadPod(t *testing.T, name string, res corev1.ResourceName
 				HostPath: &corev1.HostPathVolumeSource{Path: filepath.Dir(c.simgpuState())}}}},
 		},
 	}
-	if _, err := c.client.CoreV1().Pods(podNamespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
-		t.Fatalf("create pod %s: %v", name, err)
+}
+
+func (c *cluster) createPod(t *testing.T, p *corev1.Pod) {
+	t.Helper()
+	if _, err := c.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("create pod %s: %v", p.Name, err)
 	}
 }
 
