@@ -492,6 +492,7 @@ func TestSchemaRejectsBadValues(t *testing.T) {
 		{"remote servers not a list", map[string]any{"config": map[string]any{"remote": map[string]any{"servers": "gpu-1"}}}, "servers"},
 		{"remote listen without port", map[string]any{"config": map[string]any{"remote": map[string]any{"listen": "7070"}}}, "listen"},
 		{"no connections", map[string]any{"config": map[string]any{"http": map[string]any{"maxConnections": 0}}}, "maxConnections"},
+		{"negative context memory", map[string]any{"config": map[string]any{"nvml": map[string]any{"contextMemory": -1}}}, "contextMemory"},
 		{"pprof not a bool", map[string]any{"config": map[string]any{"http": map[string]any{"pprof": "on"}}}, "pprof"},
 		{"remote connections per source a string", map[string]any{"config": map[string]any{"remote": map[string]any{"maxConnectionsPerSource": "128"}}}, "maxConnectionsPerSource"},
 		{"misspelt remote key", map[string]any{"remote": map[string]any{"secret": "x"}}, "secret"},

@@ -75,6 +75,7 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 		verifier = claims.NewVerifier(resolver, cgroupFS, cfg.Paths.Proc)
 	}
 	src := collector.Sources{ControlDir: cfg.ControlDir, Cgroups: resolver, Claims: verifier, ProcRoot: cfg.Paths.Proc, CgroupNSRoot: a.nsRoot,
+		NVMLContextBytes: uint64(cfg.NVML.ContextMemory) << 20,
 		Scheduling: func() map[collector.GPUKey]collector.Scheduled {
 			if e := a.enf.Load(); e != nil {
 				return scheduledByCgroupGPU(e.Scheduling())

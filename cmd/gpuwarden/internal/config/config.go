@@ -46,8 +46,9 @@ type Config struct {
 		LaunchPeriod   time.Duration `mapstructure:"launchPeriod"`
 	} `mapstructure:"ebpf"`
 	NVML struct {
-		Enabled bool   `mapstructure:"enabled"`
-		Library string `mapstructure:"library"`
+		Enabled       bool   `mapstructure:"enabled"`
+		Library       string `mapstructure:"library"`
+		ContextMemory int    `mapstructure:"contextMemory"`
 	} `mapstructure:"nvml"`
 	Enforcement struct {
 		Enabled      bool          `mapstructure:"enabled"`
@@ -133,6 +134,7 @@ var options = []option{
 	{"ebpf.launchPeriod", 30 * time.Second, "", "the period of the launch probes' window (each attach and detach costs the observed processes about as much as the window itself)"},
 	{"nvml.enabled", true, "", "read devices, per-process memory and utilization through NVML"},
 	{"nvml.library", "", "", "path of libnvidia-ml.so.1; empty: the system's"},
+	{"nvml.contextMemory", 512, "", "device memory, in MiB, that NVML may show for a process beyond what its ledger and the eBPF probes count: a context's own memory (64 MiB on simgpu, hundreds of MiB on NVIDIA's driver). The judge holds the larger of the two meters against a container's quota and ledger: NVML's, less this per process, catches memory the probes missed (a copy of libcuda used before the scan attached to it). 0-65536"},
 	{"enforcement.enabled", true, "", "run the enforcer: budgets, limits and bypass detection"},
 	{"enforcement.onBreach", "report", "", "what to do with a container in breach (a bypass, more memory seen than its quota or ledger, a GPU process without a ledger slot, a forged ledger): report, freeze its cgroup (cgroup.freeze; never the agent's own or an ancestor of it), or kill the offending processes (SIGKILL)"},
 	{"enforcement.onBypass", "", "", "deprecated, read as enforcement.onBreach when that is left at report: report or freeze"},
@@ -347,6 +349,9 @@ func (c Config) Validate() error {
 	}
 	if b := c.Enforcement.OnBypass; b != "" && b != BreachReport && b != BreachFreeze {
 		errs = append(errs, fmt.Errorf("enforcement.onBypass %q: want report or freeze", b))
+	}
+	if m := c.NVML.ContextMemory; m < 0 || m > 65536 {
+		errs = append(errs, fmt.Errorf("nvml.contextMemory %d: want 0-65536 (MiB)", m))
 	}
 	if c.Paths.Proc == "" {
 		errs = append(errs, errors.New("paths.proc is empty"))

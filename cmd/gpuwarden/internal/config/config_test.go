@@ -94,6 +94,8 @@ func TestRefusesBadConfig(t *testing.T) {
 		{"bad bool", "", []string{"GPUWARDEN_EBPF_ENABLED=maybe"}, "ebpf.enabled"},
 		{"not yaml", "ebpf: [", nil, "config"},
 		{"maxInst 0", "devicePlugin:\n  maxInst: 0\n", nil, "devicePlugin.maxInst 0"},
+		{"a negative context allowance", "nvml:\n  contextMemory: -1\n", nil, "nvml.contextMemory -1: want 0-65536"},
+		{"a context allowance not a number", "", []string{"GPUWARDEN_NVML_CONTEXT_MEMORY=512Mi"}, "contextMemory"},
 		{"maxInst not a number", "", []string{"GPUWARDEN_DEVICE_PLUGIN_MAX_INST=four"}, "maxInst"},
 		{"relative kubeletDir", "devicePlugin:\n  kubeletDir: kubelet\n", nil, "devicePlugin.kubeletDir"},
 		{"bad preload", "devicePlugin:\n  preload: LD_PRELOAD\n", nil, `devicePlugin.preload "LD_PRELOAD"`},
