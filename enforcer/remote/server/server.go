@@ -61,6 +61,7 @@ type Server struct {
 	limited *connlimit.Listener
 	// refusedHandshakes logs failed handshakes, which anyone can cause.
 	refusedHandshakes *ratelog.Logger
+	acceptErrors      *ratelog.Logger
 
 	mu       sync.Mutex
 	sessions map[string]*active // by cgroup path
@@ -97,6 +98,7 @@ func Start(cfg Config) (*Server, error) {
 	}
 	s := &Server{cfg: cfg, lis: tls.NewListener(limited, cfg.TLS), limited: limited,
 		refusedHandshakes: ratelog.New(cfg.Log, slog.LevelWarn, "remote: TLS handshake refused", time.Second),
+		acceptErrors:      ratelog.New(cfg.Log, slog.LevelError, "remote: accept failed", time.Second),
 		sessions:          map[string]*active{}, conns: map[net.Conn]bool{}, next: uint64(time.Now().UnixNano())}
 	s.wg.Add(1)
 	go s.serve()
@@ -136,14 +138,22 @@ func (s *Server) Label(cgroupPath string) (pki.Identity, bool) {
 
 func (s *Server) serve() {
 	defer s.wg.Done()
+	pause := time.Duration(0)
 	for {
 		c, err := s.lis.Accept()
-		if err != nil {
-			if !errors.Is(err, net.ErrClosed) {
-				s.cfg.Log.Error("remote: accept", "err", err)
-			}
+		if errors.Is(err, net.ErrClosed) {
 			return
 		}
+		if err != nil {
+			// Out of descriptors, or a connection aborted before it was
+			// taken: the listener is still good, and stopping here would
+			// refuse every session until the agent restarts.
+			pause = min(max(2*pause, 5*time.Millisecond), time.Second)
+			s.acceptErrors.Log("err", err, "retry in", pause)
+			time.Sleep(pause)
+			continue
+		}
+		pause = 0
 		s.mu.Lock()
 		if s.closed {
 			s.mu.Unlock()

@@ -6,10 +6,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -390,4 +392,56 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// Out of file descriptors, the server fails to accept for a while; once
+// descriptors are free again it takes sessions as before, instead of
+// having stopped listening for good.
+func TestAcceptSurvivesDescriptorExhaustion(t *testing.T) {
+	id := pki.Identity{Namespace: "team-a", Pod: "train-0", Container: "main"}
+	creds := credentials(t, id)
+	s, _, _ := testServer(t, creds)
+	d := dialer(t, s, creds)
+
+	var old syscall.Rlimit
+	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	fds, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	low := old
+	low.Cur = uint64(len(fds) + 16)
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
+		t.Fatal(err)
+	}
+	var held []net.Conn
+	for range 64 { // until this process has no descriptor left for either end
+		c, err := net.DialTimeout("tcp", s.Addr(), time.Second)
+		if err != nil {
+			break
+		}
+		held = append(held, c)
+	}
+	time.Sleep(200 * time.Millisecond) // the server's accepts fail meanwhile
+	for _, c := range held {
+		c.Close()
+	}
+	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &old); err != nil {
+		t.Fatal(err)
+	}
+	if len(held) == 64 {
+		t.Fatalf("64 connections with %d descriptors allowed: the limit did not bite", low.Cur)
+	}
+	simtest.Eventually(t, 20*time.Second, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		conn, _, err := d.Open(ctx, session.Request{Memory: "0.25"})
+		if err != nil {
+			return err
+		}
+		conn.Close()
+		return nil
+	})
 }
