@@ -23,10 +23,12 @@ static nvmlReturn_t init(void) {
         struct sg_state *s = sg_state_get(); /* explains a failure on stderr */
         if (s) atomic_store(&g_state, s);
     }
-    if (atomic_load(&g_state))
-        atomic_fetch_add(&g_refs, 1);
+    /* The model is read at every first init, so that one process can read
+     * machines of either model in turn (the bench does). */
+    if (!atomic_load(&g_state) || (!atomic_load(&g_refs) && sg_model_load() < 0))
+        ret = NVML_ERROR_DRIVER_NOT_LOADED; /* as NVIDIA's without a driver; said why on stderr */
     else
-        ret = NVML_ERROR_DRIVER_NOT_LOADED; /* as NVIDIA's without a driver */
+        atomic_fetch_add(&g_refs, 1);
     pthread_mutex_unlock(&g_init_mu);
     return ret;
 }

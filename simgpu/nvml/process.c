@@ -86,7 +86,38 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t de
     return nvmlDeviceGetComputeRunningProcesses_v2(device, infoCount, infos);
 }
 
-/* One sample per live process whose share of the device since
+/* NVIDIA's view (SIMGPU_MODEL=h200): from the samples newer than since (0:
+ * every sample the buffer holds), one per live process, its latest one with
+ * non-zero utilization. A process that was not on the engine at any sample
+ * instant gets nothing, however busy it was in between. */
+static unsigned int sampled(struct sg_state *s, unsigned int dev, unsigned long long since,
+                            nvmlProcessUtilizationSample_t *found) {
+    const struct sg_device *d = &s->dev[dev];
+    unsigned int n = 0;
+    for (int i = 0; i < SG_NVML_SAMPLES; i++) {
+        const struct sg_nvml_sample *x = &d->nvml[i];
+        uint64_t ts = atomic_load(&x->ts_us);
+        int32_t pid = atomic_load(&x->pid);
+        uint32_t pct = atomic_load(&x->pct);
+        if (!ts || ts <= since || !pct || atomic_load(&x->ts_us) != ts) continue; /* rewritten meanwhile */
+        int live = 0;
+        for (int k = 0; k < SG_MAX_PROCS && !live; k++)
+            live = atomic_load(&s->procs[k].state) == SG_PROC_LIVE && s->procs[k].pid == pid;
+        if (!live) continue;
+        unsigned int j = 0;
+        while (j < n && found[j].pid != (unsigned int)pid) j++;
+        if (j == n) n++;
+        else if (found[j].timeStamp > ts) continue;
+        memset(&found[j], 0, sizeof found[j]);
+        found[j].pid = (unsigned int)pid;
+        found[j].timeStamp = ts;
+        found[j].smUtil = pct;
+        found[j].memUtil = pct / 2; /* as the exact view */
+    }
+    return n;
+}
+
+/* Exact model: one sample per live process whose share of the device since
  * lastSeenTimeStamp (0: the last second) is non-zero, as NVIDIA returns one
  * per process "that had some non-zero utilization". The sample's timeStamp is
  * when it was measured, for the caller's next lastSeenTimeStamp. */
@@ -110,6 +141,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
         struct sg_proc *p = &s->procs[k];
         if (atomic_load(&p->state) != SG_PROC_LIVE) continue;
         live++;
+        if (sg_model.h200) continue;
         uint64_t ts;
         unsigned int pct = sg_busy_percent(&p->busy[dev], lastSeenTimeStamp, &ts);
         if (!pct) continue;
@@ -120,6 +152,7 @@ NVML_EXPORT nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
         found[n].memUtil = pct / 2; /* as nvmlDeviceGetUtilizationRates models memory */
         n++;
     }
+    if (sg_model.h200) n = sampled(s, dev, lastSeenTimeStamp, found);
     if (!n) return NVML_ERROR_NOT_FOUND;
     if (!utilization) {
         /* The sizing call: answer with room for every live process, not just

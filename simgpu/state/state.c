@@ -104,6 +104,27 @@ static int env_int(const char *name, int def, int lo, int hi) {
     return (int)n;
 }
 
+struct sg_model sg_model;
+
+/* NVIDIA documents the sample period as 1/6 s to 1 s, depending on the product. */
+#define SG_H200_NVML_PERIOD_US 166667ull
+
+int sg_model_load(void) {
+    struct sg_model m = {0};
+    const char *v = getenv("SIMGPU_MODEL");
+    if (v && !strcmp(v, "h200")) {
+        m.h200 = 1;
+        int ms = env_int("SIMGPU_NVML_SAMPLE_MS", 0, 1, 60000);
+        if (ms < 0) return -1;
+        m.nvml_period_us = ms ? (uint64_t)ms * 1000 : SG_H200_NVML_PERIOD_US;
+    } else if (v && *v) {
+        fprintf(stderr, "simgpu: SIMGPU_MODEL=%s: want h200, or unset for the exact model\n", v);
+        return -1;
+    }
+    sg_model = m;
+    return 0;
+}
+
 static void map_state(void) {
     const char *path = getenv("SIMGPU_STATE");
     if (!path || !*path) path = SG_DEFAULT_STATE;
@@ -334,6 +355,35 @@ static void busy_start(struct sg_busy *b, uint64_t wall_ns) {
     atomic_store(&b->running_since, wall_ns);
 }
 
+/* The sampled NVML stream: every period, NVIDIA's driver records the
+ * engine's busy percent over the period (whole percents, truncated) and the
+ * one process on the engine at that instant. Called under exec_lock at the
+ * end of a kernel that ran from start_us to end_us: instants in the idle gap
+ * before it credit nobody and busy was flat across the gap; instants it
+ * spans credit pid. A sample is thus written up to a kernel's length late. */
+static void nvml_sample(struct sg_device *d, int32_t pid, uint64_t start_us, uint64_t end_us,
+                        uint64_t busy_at_start) {
+    uint64_t period = sg_model.nvml_period_us;
+    uint64_t before = start_us / period * period; /* the last instant at or before the start */
+    if (before > d->nvml_mark_us) {
+        d->nvml_mark_us = before;
+        d->nvml_mark_busy = busy_at_start;
+    }
+    for (uint64_t t = d->nvml_mark_us + period; t <= end_us; t += period) {
+        uint64_t busy = busy_at_start + (t - start_us) * 1000;
+        uint64_t pct = busy > d->nvml_mark_busy ? (busy - d->nvml_mark_busy) / (period * 10) : 0;
+        uint32_t head = atomic_load(&d->nvml_head);
+        struct sg_nvml_sample *x = &d->nvml[head % SG_NVML_SAMPLES];
+        atomic_store(&x->ts_us, 0); /* readers skip a sample being rewritten */
+        atomic_store(&x->pid, pid);
+        atomic_store(&x->pct, pct > 100 ? 100 : (uint32_t)pct);
+        atomic_store(&x->ts_us, t);
+        atomic_store(&d->nvml_head, head + 1);
+        d->nvml_mark_us = t;
+        d->nvml_mark_busy = busy;
+    }
+}
+
 /* Wait until the simulated kernel's end: sleep while far away, spin the last
  * stretch so that short kernels last what they say. */
 static void wait_until(uint64_t end_ns) {
@@ -371,13 +421,14 @@ void sg_exec_kernel(struct sg_state *s, int dev, uint64_t duration_ns) {
         pthread_mutex_consistent(&d->exec_lock);
     }
     uint32_t turn = atomic_fetch_add(&d->exec_turn, 1) + 1;
-    uint64_t start = sg_now_ns(), wall = sg_wall_ns();
+    uint64_t start = sg_now_ns(), wall = sg_wall_ns(), busy_before = atomic_load(&d->busy.busy_ns);
     busy_start(&d->busy, wall);
     if (me) busy_start(&me->busy[dev], wall);
     wait_until(start + duration_ns);
     uint64_t ran = sg_now_ns() - start;
     busy_add(&d->busy, ran, wall + ran);
     if (me) busy_add(&me->busy[dev], ran, wall + ran);
+    if (sg_model.h200 && me) nvml_sample(d, me->pid, wall / 1000, (wall + ran) / 1000, busy_before);
     pthread_mutex_unlock(&d->exec_lock);
     futex_wake_all(&d->exec_turn);
     /* Hand the engine over: a GPU time-slices between contexts, so a process

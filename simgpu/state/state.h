@@ -15,12 +15,13 @@
 #include <sys/types.h>
 
 #define SG_MAGIC 0x5347505553544154ull /* "SGPUSTAT" */
-#define SG_VERSION 3
+#define SG_VERSION 4
 #define SG_MAX_DEVICES 8
 #define SG_MAX_PROCS 256
 #define SG_SAMPLES 384                 /* utilization history per process and device: */
 #define SG_SAMPLE_PERIOD_NS 40000000ull /* one sample per 40 ms of activity, about 15 s */
 #define SG_CONTEXT_BYTES (64ull << 20)  /* device memory a context itself takes */
+#define SG_NVML_SAMPLES 128             /* NVML's sample buffer under SIMGPU_MODEL=h200 */
 
 enum sg_proc_state { SG_PROC_FREE = 0, SG_PROC_CLAIMING, SG_PROC_LIVE, SG_PROC_REAPING };
 
@@ -37,6 +38,15 @@ struct sg_busy {
     _Atomic uint32_t head;          /* next sample slot */
     uint32_t pad;
     struct sg_sample samples[SG_SAMPLES];
+};
+
+/* One sample of the per-process utilization stream NVIDIA's driver keeps
+ * (SIMGPU_MODEL=h200): the engine's busy percent over the period ending at
+ * ts_us, credited to the one process on the engine at that instant. */
+struct sg_nvml_sample {
+    _Atomic uint64_t ts_us; /* 0 while being written */
+    _Atomic int32_t pid;
+    _Atomic uint32_t pct;   /* whole percents */
 };
 
 struct sg_proc {
@@ -64,6 +74,13 @@ struct sg_device {
     _Atomic uint32_t exec_waiters;
     _Atomic uint32_t exec_turn;  /* bumps on every acquisition; futex word for hand-off */
     struct sg_busy busy;         /* the whole device */
+    /* The sampled stream, written under exec_lock by the kernels that span
+     * its instants (SIMGPU_MODEL=h200). */
+    uint64_t nvml_mark_us;       /* the latest sample instant accounted for */
+    uint64_t nvml_mark_busy;     /* busy.busy_ns at that instant */
+    _Atomic uint32_t nvml_head;  /* next slot of nvml */
+    uint32_t pad2;
+    struct sg_nvml_sample nvml[SG_NVML_SAMPLES];
 };
 
 struct sg_state {
@@ -74,6 +91,21 @@ struct sg_state {
     struct sg_device dev[SG_MAX_DEVICES];
     struct sg_proc procs[SG_MAX_PROCS];
 };
+
+/* What simgpu models, from the environment of the process that loads it:
+ * SIMGPU_MODEL unset (or empty) is exact; "h200" is an H200 on NVIDIA's
+ * driver, whose NVML per-process utilization is a sample stream with period
+ * SIMGPU_NVML_SAMPLE_MS (default 1/6 s). Every process of a machine must
+ * have the same values. */
+struct sg_model {
+    int h200;
+    uint64_t nvml_period_us;
+};
+extern struct sg_model sg_model;
+
+/* sg_model_load reads the model from the environment; -1, with a message on
+ * stderr, when a value is malformed. */
+int sg_model_load(void);
 
 /* sg_state_get maps the machine (creating it on first use) and returns it, or
  * NULL with a message on stderr. Thread-safe; maps once per process. */

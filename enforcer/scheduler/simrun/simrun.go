@@ -34,9 +34,20 @@ type Machine struct {
 	Bin, Dir string
 	Devices  int
 	Memory   string
+	// Model is SIMGPU_MODEL for every process of a Run, this one's NVML
+	// included ("" exact, "h200"). Runs of one process may differ in it:
+	// NVML reads it at each Start.
+	Model string
+	// SampleMs is SIMGPU_NVML_SAMPLE_MS, the h200 model's NVML sample
+	// period (0: the model's own).
+	SampleMs int
 }
 
 func (m Machine) env() []string {
+	sampleMs := "" // the model's own
+	if m.SampleMs > 0 {
+		sampleMs = strconv.Itoa(m.SampleMs)
+	}
 	var out []string
 	for _, kv := range os.Environ() {
 		if strings.HasPrefix(kv, "GPUWARDEN_") || strings.HasPrefix(kv, "ALIYUN_COM_GPU_") ||
@@ -46,7 +57,8 @@ func (m Machine) env() []string {
 		out = append(out, kv)
 	}
 	return append(out, "SIMGPU_STATE="+filepath.Join(m.Dir, "simgpu.state"),
-		fmt.Sprintf("SIMGPU_DEVICES=%d", max(m.Devices, 1)), "SIMGPU_MEMORY="+m.Memory)
+		fmt.Sprintf("SIMGPU_DEVICES=%d", max(m.Devices, 1)), "SIMGPU_MEMORY="+m.Memory, "SIMGPU_MODEL="+m.Model,
+		"SIMGPU_NVML_SAMPLE_MS="+sampleMs)
 }
 
 // Container is one container running bin/simgpu/workload with Args.

@@ -1,0 +1,96 @@
+package simgpu_test
+
+import (
+	"testing"
+	"time"
+
+	"github.com/NVIDIA/go-nvml/pkg/nvml"
+)
+
+// Under SIMGPU_MODEL=h200, per-process utilization is NVIDIA's sample stream:
+// one sample a period, each the engine's busy percent in whole percents,
+// credited to the one process on the engine at the sample's instant.
+func TestNVMLSampledUtilization(t *testing.T) {
+	const periodMs = 100
+	path := nvmlLibrary(t)
+	nvmlOnce.Do(func() { nvmlLib = nvml.New(nvml.WithLibraryPath(path)) })
+	t.Setenv("SIMGPU_MODEL", "h100")
+	if ret := nvmlLib.Init(); ret != nvml.ERROR_DRIVER_NOT_LOADED {
+		nvmlLib.Shutdown()
+		t.Fatalf("nvml.Init with SIMGPU_MODEL=h100 = %v, want ERROR_DRIVER_NOT_LOADED", ret)
+	}
+	// The workloads inherit the model from this process's environment.
+	t.Setenv("SIMGPU_MODEL", "h200")
+	t.Setenv("SIMGPU_NVML_SAMPLE_MS", "100")
+	lib := initNVML(t)
+	dev1 := device(t, lib, 1)
+
+	a := startUser(t, 1, 64<<20, true)
+	b := startUser(t, 1, 64<<20, true)
+	time.Sleep(300 * time.Millisecond)
+
+	// Read as the scheduler does, each time from the newest sample seen, for
+	// about 20 periods.
+	owner := map[uint64]uint32{} // sample instant -> the process credited
+	start := time.Now()
+	last := uint64(start.UnixMicro())
+	for end := time.Now().Add(20 * periodMs * time.Millisecond); time.Now().Before(end); {
+		time.Sleep(30 * time.Millisecond)
+		samples, ret := dev1.GetProcessUtilization(last)
+		if ret == nvml.ERROR_NOT_FOUND {
+			continue
+		}
+		if ret != nvml.SUCCESS {
+			t.Fatalf("GetProcessUtilization: %v", ret)
+		}
+		newest := last
+		for _, s := range samples {
+			if s.TimeStamp <= last {
+				t.Errorf("pid %d: sample at %d is not after lastSeenTimeStamp %d", s.Pid, s.TimeStamp, last)
+			}
+			if s.TimeStamp%(periodMs*1000) != 0 {
+				t.Errorf("pid %d: sample at %d is not on a %d ms period", s.Pid, s.TimeStamp, periodMs)
+			}
+			// Both keep the engine busy: each period is nearly all busy.
+			if s.SmUtil < 50 || s.SmUtil > 100 {
+				t.Errorf("pid %d: SmUtil %d%%, want the engine's busy percent (50-100)", s.Pid, s.SmUtil)
+			}
+			if p, seen := owner[s.TimeStamp]; seen && p != s.Pid {
+				t.Errorf("the sample at %d is credited to pids %d and %d, want one", s.TimeStamp, p, s.Pid)
+			}
+			owner[s.TimeStamp] = s.Pid
+			newest = max(newest, s.TimeStamp)
+		}
+		last = newest
+	}
+	periods := int(time.Since(start) / (periodMs * time.Millisecond))
+	credited := map[uint32]int{}
+	for _, pid := range owner {
+		credited[pid]++
+	}
+	t.Logf("%d samples in %d periods: %v", len(owner), periods, credited)
+	// At most one an instant; wide bounds below, for a loaded 2-core machine.
+	if len(owner) < periods/2 || len(owner) > periods+1 {
+		t.Errorf("%d samples over %d periods of %d ms, want %d-%d", len(owner), periods, periodMs, periods/2, periods+1)
+	}
+	for _, p := range []int{a.Cmd.Process.Pid, b.Cmd.Process.Pid} {
+		if credited[uint32(p)] == 0 {
+			t.Errorf("pid %d shared the engine but no sample credits it: %v", p, credited)
+		}
+	}
+
+	// lastSeenTimeStamp 0 reads the whole buffer: one entry per process, its latest sample.
+	samples, ret := dev1.GetProcessUtilization(0)
+	if ret != nvml.SUCCESS {
+		t.Fatalf("GetProcessUtilization(0): %v", ret)
+	}
+	seen := map[uint32]bool{}
+	for _, s := range samples {
+		if seen[s.Pid] {
+			t.Errorf("pid %d has two entries: %+v", s.Pid, samples)
+		}
+		seen[s.Pid] = true
+	}
+	kill(t, a)
+	kill(t, b)
+}
