@@ -209,15 +209,17 @@ func (e *Enforcement) discover(members bool) {
 
 // retry is a directory's next look after a failure: the wait doubles from
 // retryFirst to retryMax while it keeps failing, so junk directories cost
-// a few reads a minute, not two a second each. A container restarted in a
-// new cgroup binds its ledger to it at once, and so waits at most retryMax
-// to be held by the scheduler (its memory limits hold all along).
+// a few reads a minute each, not two a second (each read maps and unmaps
+// the ledger). A container restarted in a new cgroup after its directory
+// was refused for a while waits at most retryMax to be held by the
+// scheduler again; its memory limits hold all along, and the judge sees
+// the new claim at once.
 type retry struct {
 	at   time.Time
 	wait time.Duration
 }
 
-const retryFirst, retryMax = 500 * time.Millisecond, 4 * time.Second
+const retryFirst, retryMax = 500 * time.Millisecond, 16 * time.Second
 
 func (e *Enforcement) trackLogged(dir string, nodeGPUs func() ([]string, error)) {
 	now := time.Now()
