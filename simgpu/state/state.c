@@ -398,13 +398,33 @@ static void wait_until(uint64_t end_ns) {
     }
 }
 
-void sg_exec_kernel(struct sg_state *s, int dev, uint64_t duration_ns) {
-    if (duration_ns == 0) return;
-    static __thread int slack_set;
-    if (!slack_set) {
-        prctl(PR_SET_TIMERSLACK, 1ul, 0, 0, 0);
-        slack_set = 1;
+/* NVIDIA's default time slice between contexts, Volta and later. */
+#define SG_TIMESLICE_NS 1024000ull
+
+/* run_for holds the engine while a kernel with left ns to go runs from
+ * start. In the h200 model the GPU time-slices between contexts: slices
+ * follow each other from slice_start while the context keeps the engine,
+ * and at a slice's end, if another process waits, the kernel is preempted,
+ * to resume at its next turn. */
+static void run_for(struct sg_device *d, struct sg_proc *me, int dev, uint64_t start, uint64_t left,
+                    uint64_t slice_start) {
+    uint64_t end = start + left;
+    uint64_t slice = start - (start - slice_start) % SG_TIMESLICE_NS + SG_TIMESLICE_NS;
+    for (; sg_model.h200 && slice < end; slice += SG_TIMESLICE_NS) {
+        wait_until(slice);
+        if (atomic_load(&d->exec_waiters) > (me ? atomic_load(&me->exec_waiting[dev]) : 0)) return;
     }
+    wait_until(end);
+}
+
+/* take_turn waits for the engine, runs the kernel's left ns on it (or, when
+ * preempted, part of them) and hands the engine over; it returns the ns
+ * still to run. */
+static uint64_t take_turn(struct sg_state *s, int dev, uint64_t left) {
+    /* This thread's latest turn, and when its time slice began: a turn
+     * right after its own continues the slice. */
+    static __thread uint32_t last_turn[SG_MAX_DEVICES];
+    static __thread uint64_t slice_start[SG_MAX_DEVICES];
     struct sg_device *d = &s->dev[dev];
     struct sg_proc *me = sg_proc_self(s);
     /* Counted on the device, then in the process's slot (and uncounted in
@@ -424,18 +444,34 @@ void sg_exec_kernel(struct sg_state *s, int dev, uint64_t duration_ns) {
     uint64_t start = sg_now_ns(), wall = sg_wall_ns(), busy_before = atomic_load(&d->busy.busy_ns);
     busy_start(&d->busy, wall);
     if (me) busy_start(&me->busy[dev], wall);
-    wait_until(start + duration_ns);
+    if (!slice_start[dev] || turn != last_turn[dev] + 1) slice_start[dev] = start;
+    last_turn[dev] = turn;
+    run_for(d, me, dev, start, left, slice_start[dev]);
     uint64_t ran = sg_now_ns() - start;
+    left = ran < left ? left - ran : 0;
     busy_add(&d->busy, ran, wall + ran);
     if (me) busy_add(&me->busy[dev], ran, wall + ran);
     if (sg_model.h200 && me) nvml_sample(d, me->pid, wall / 1000, (wall + ran) / 1000, busy_before);
     pthread_mutex_unlock(&d->exec_lock);
     futex_wake_all(&d->exec_turn);
     /* Hand the engine over: a GPU time-slices between contexts, so a process
-     * with more work queued must not take the engine straight back. */
-    if (atomic_load(&d->exec_waiters) > 0 && atomic_load(&d->exec_turn) == turn &&
+     * with more work queued must not take the engine straight back. The
+     * h200 model hands it over at a slice's end (a preempted kernel); a
+     * context whose kernel ended mid-slice keeps it for its next kernel, or
+     * yields at once by having none. */
+    if ((!sg_model.h200 || left) && atomic_load(&d->exec_waiters) > 0 && atomic_load(&d->exec_turn) == turn &&
         futex_wait(&d->exec_turn, turn, 2000000) < 0 && atomic_load(&d->exec_turn) == turn)
         sg_reap_dead(s); /* nobody took it: the waiter may have been killed */
+    return left;
+}
+
+void sg_exec_kernel(struct sg_state *s, int dev, uint64_t duration_ns) {
+    static __thread int slack_set;
+    if (!slack_set) {
+        prctl(PR_SET_TIMERSLACK, 1ul, 0, 0, 0);
+        slack_set = 1;
+    }
+    while (duration_ns) duration_ns = take_turn(s, dev, duration_ns);
 }
 
 unsigned sg_busy_percent(const struct sg_busy *b, uint64_t since_us, uint64_t *now_us_out) {

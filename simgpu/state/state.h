@@ -95,7 +95,8 @@ struct sg_state {
 /* What simgpu models, from the environment of the process that loads it:
  * SIMGPU_MODEL unset (or empty) is exact; "h200" is an H200 on NVIDIA's
  * driver, whose NVML per-process utilization is a sample stream with period
- * SIMGPU_NVML_SAMPLE_MS (default 1/6 s). Every process of a machine must
+ * SIMGPU_NVML_SAMPLE_MS (default 1/6 s) and whose engine time-slices
+ * between contexts, preempting kernels. Every process of a machine must
  * have the same values. */
 struct sg_model {
     int h200;
