@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -102,19 +101,11 @@ func remakeCgroup(t *testing.T, cg *simtest.Cgroup) *simtest.Cgroup {
 	if err := os.Mkdir(cg.Path, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	fd, err := syscall.Open(cg.Path, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
+	again := simtest.OpenCgroup(t, cg.Path, cg.Rel)
+	if again.ID == cg.ID {
+		t.Fatalf("the cgroup made again kept its id %d", again.ID)
 	}
-	t.Cleanup(func() { syscall.Close(fd) })
-	var st syscall.Stat_t
-	if err := syscall.Fstat(fd, &st); err != nil {
-		t.Fatal(err)
-	}
-	if st.Ino == cg.ID {
-		t.Fatalf("the cgroup made again kept its id %d", st.Ino)
-	}
-	return simtest.CgroupAt(cg.Path, cg.Rel, st.Ino, fd)
+	return again
 }
 
 // Attack 2, honest side: a container restarted in a cgroup of the same

@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 	"unsafe"
@@ -336,20 +335,28 @@ func TestBreachOutsideScopeReportedOnly(t *testing.T) {
 	agentServes(t, agent)
 }
 
+// libcudaCopy is a copy of simgpu's libcuda under a name the scan does not
+// know: it is found by its exports.
+func libcudaCopy(t *testing.T) string {
+	t.Helper()
+	copied := filepath.Join(t.TempDir(), "libnotcuda.so")
+	b, err := os.ReadFile(simtest.Bin(t, "simgpu/libcuda.so.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(copied, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return copied
+}
+
 // Attack 3: a bypass through a renamed copy of libcuda: the eBPF scan finds
 // it by its exports, so the bytes are eBPF's, exact, not NVML's.
 func TestAttackRenamedLibcuda(t *testing.T) {
 	simtest.RequirePrivileged(t, "eBPF and cgroups")
 	m := simtest.NewMachine(t, 1, "16Gi")
 	agent := simtest.StartAgent(t, m, "GPUWARDEN_ENFORCEMENT_ON_BREACH=kill")
-	renamed := filepath.Join(t.TempDir(), "libnotcuda.so")
-	b, err := os.ReadFile(simtest.Bin(t, "simgpu/libcuda.so.1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(renamed, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	renamed := libcudaCopy(t)
 	cg := simtest.NewCgroup(t, "renamed")
 	cmd := cg.Place(m.Command(simtest.Bin(t, "bpf/cuda-alloc")))
 	cmd.Env = append(cmd.Env, "LD_PRELOAD="+renamed) // the copy answers for libcuda.so.1: its soname
@@ -384,14 +391,7 @@ func TestAttackCopyBeforeScan(t *testing.T) {
 	simtest.RequirePrivileged(t, "eBPF and cgroups")
 	m := simtest.NewMachine(t, 1, "16Gi")
 	agent := simtest.StartAgent(t, m)
-	copied := filepath.Join(t.TempDir(), "libnotcuda.so")
-	b, err := os.ReadFile(simtest.Bin(t, "simgpu/libcuda.so.1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(copied, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	copied := libcudaCopy(t)
 	cg := simtest.NewCgroup(t, "copier")
 	enforcedAlloc(t, m, agent, cg, "GPUWARDEN_MEMORY_LIMIT=1Gi").Do(t, "alloc linear %d", 256<<20)
 	a := enforcedAlloc(t, m, agent, cg, "GPUWARDEN_MEMORY_LIMIT=1Gi") // a slot of the ledger, a context through the interposer
@@ -480,33 +480,7 @@ func TestAttackClaimsAnotherPodsCgroup(t *testing.T) {
 // its pod.
 func podCgroup(t *testing.T, name, uid string) *simtest.Cgroup {
 	t.Helper()
-	parent := simtest.NewCgroup(t, name)
-	rel := parent.Rel + "/kubepods/pod" + uid + "/" + strings.Repeat("c", 64)
-	path := filepath.Join(parent.Path, "kubepods", "pod"+uid, strings.Repeat("c", 64))
-	if err := os.MkdirAll(path, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var st syscall.Stat_t
-	if err := syscall.Fstat(fd, &st); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { // before the parent's removal
-		_ = os.WriteFile(filepath.Join(path, "cgroup.kill"), []byte("1"), 0)
-		syscall.Close(fd)
-		for _, dir := range []string{path, filepath.Dir(path), filepath.Join(parent.Path, "kubepods")} {
-			for i := 0; i < 100; i++ {
-				if err := os.Remove(dir); err == nil || os.IsNotExist(err) {
-					break
-				}
-				time.Sleep(20 * time.Millisecond)
-			}
-		}
-	})
-	return simtest.CgroupAt(path, rel, st.Ino, fd)
+	return simtest.NestedCgroup(t, simtest.NewCgroup(t, name), "kubepods/pod"+uid+"/"+strings.Repeat("c", 64))
 }
 
 // podContainer runs a workload as the device plugin sets a container up:

@@ -52,18 +52,9 @@ func benchAgent(o benchOptions, stdout io.Writer) error {
 		return err
 	}
 	defer m.close()
-	ctl := m.controlDir()
-	parent, rels, err := makeBenchCgroups(benchContainers)
+	_, stop, err := benchContainersOn(m, benchContainers)
+	defer stop()
 	if err != nil {
-		return err
-	}
-	defer removeBenchCgroups(parent, rels)
-	sleepers, err := startSleepers(parent, rels)
-	defer stopSleepers(sleepers)
-	if err != nil {
-		return err
-	}
-	if err := fillLedgers(m, ctl, parent, rels, sleepers); err != nil {
 		return err
 	}
 
@@ -205,6 +196,26 @@ func printAgentCost(stdout io.Writer, name string, idlePct float64, scrape time.
 	fmt.Fprintf(stdout, "BENCH %s_cpu_per_scrape_ms_1000 %.1f ms\n", name, float64(scrape.Microseconds())/1000)
 	fmt.Fprintf(stdout, "BENCH %s_cpu_core_percent_1000_at_15s %.2f percent\n", name, at15)
 	fmt.Fprintf(stdout, "BENCH %s_cpu_within_budget %d bool\n", name, b2i(at15 < budgetCorePct))
+}
+
+// benchContainersOn makes n containers on m: each a cgroup with a live
+// process and a ledger naming both. It returns their cgroup paths and what
+// removes them (to call even after an error).
+func benchContainersOn(m *simMachine, n int) (rels []string, stop func(), err error) {
+	stop = func() {}
+	parent, rels, err := makeBenchCgroups(n)
+	if err != nil {
+		return nil, stop, err
+	}
+	sleepers, err := startSleepers(parent, rels)
+	stop = func() {
+		stopSleepers(sleepers)
+		removeBenchCgroups(parent, rels)
+	}
+	if err != nil {
+		return nil, stop, err
+	}
+	return rels, stop, fillLedgers(m, m.controlDir(), parent, rels, sleepers)
 }
 
 func makeBenchCgroups(n int) (string, []string, error) {

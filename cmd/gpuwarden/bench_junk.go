@@ -32,17 +32,9 @@ func benchJunk(o benchOptions, stdout io.Writer) error {
 	}
 	defer m.close()
 	ctl := m.controlDir()
-	parent, rels, err := makeBenchCgroups(1)
+	rels, stop, err := benchContainersOn(m, 1)
+	defer stop()
 	if err != nil {
-		return err
-	}
-	defer removeBenchCgroups(parent, rels)
-	sleepers, err := startSleepers(parent, rels)
-	defer stopSleepers(sleepers)
-	if err != nil {
-		return err
-	}
-	if err := fillLedgers(m, ctl, parent, rels, sleepers); err != nil {
 		return err
 	}
 	agent, _, err := m.startAgent("127.0.0.1:0")

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -165,7 +164,7 @@ func TestRemotePod(t *testing.T) {
 		t.Errorf("the relay did not say why it refused ml/other:\n%s", l)
 	}
 	// Nor does one in a cgroup its container made and named after the pod.
-	named := childCgroup(t, other, "pod"+podUIDA)
+	named := simtest.NestedCgroup(t, other, "pod"+podUIDA)
 	q = pod(named, "--alloc", "1Gi", "--steps", "1")
 	if out, err := q.Wait(); err == nil {
 		t.Fatalf("a process of pod ml/other in its cgroup %s ran on ml/infer-0's allocation: %s", named.Rel, out)
@@ -227,33 +226,4 @@ func TestRemotePod(t *testing.T) {
 		}
 		return nil
 	})
-}
-
-// childCgroup makes a cgroup in parent, as a container with cgroup
-// delegation may, and removes it before parent.
-func childCgroup(t *testing.T, parent *simtest.Cgroup, name string) *simtest.Cgroup {
-	t.Helper()
-	path := filepath.Join(parent.Path, name)
-	if err := os.Mkdir(path, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var st syscall.Stat_t
-	if err := syscall.Fstat(fd, &st); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		_ = os.WriteFile(filepath.Join(path, "cgroup.kill"), []byte("1"), 0)
-		syscall.Close(fd)
-		for i := 0; i < 100; i++ {
-			if err := os.Remove(path); err == nil || os.IsNotExist(err) {
-				break
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	})
-	return simtest.CgroupAt(path, parent.Rel+"/"+name, st.Ino, fd)
 }

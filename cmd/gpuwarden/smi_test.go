@@ -12,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -264,13 +263,14 @@ func closedAddr(t *testing.T) string {
 func TestSmiWatch(t *testing.T) {
 	srv := fakeAgent(t)
 	cmd := exec.Command(simtest.Bin(t, "gpuwarden"), "smi", "--agent", srv.URL, "--watch", "100ms")
-	var out, errb bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &lockedBuffer{b: &out}, &errb
+	var out simtest.LockedBuffer
+	var errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
 	simtest.Eventually(t, 5*time.Second, func() error {
-		if n := strings.Count(cmd.Stdout.(*lockedBuffer).String(), "\x1b[H\x1b[2J"); n < 3 {
+		if n := strings.Count(out.String(), "\x1b[H\x1b[2J"); n < 3 {
 			return fmt.Errorf("%d redraws so far", n)
 		}
 		return nil
@@ -393,22 +393,4 @@ func TestSmiLocalFallback(t *testing.T) {
 	if v.Source != "local" || len(v.Containers) != 1 || v.Containers[0].CgroupID != cg.ID || len(v.Notes) < 2 {
 		t.Errorf("smi --json without an agent: %+v", v)
 	}
-}
-
-// lockedBuffer lets the test read what a running process wrote so far.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  *bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

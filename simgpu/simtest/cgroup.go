@@ -51,10 +51,44 @@ func NewCgroup(t testing.TB, name string) *Cgroup {
 	return c
 }
 
-// CgroupAt is a cgroup the test made itself (a nested one, say) and removes
-// itself: fd is its open directory, for Place.
-func CgroupAt(path, rel string, id uint64, fd int) *Cgroup {
-	return &Cgroup{Path: path, Rel: rel, ID: id, fd: fd}
+// OpenCgroup is a cgroup the test made itself (made again under an old
+// name, say) and removes itself: its directory is held open for Place
+// until the test ends.
+func OpenCgroup(t testing.TB, path, rel string) *Cgroup {
+	t.Helper()
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		t.Fatalf("open cgroup: %v", err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	var st syscall.Stat_t
+	if err := syscall.Fstat(fd, &st); err != nil {
+		t.Fatalf("stat cgroup: %v", err)
+	}
+	return &Cgroup{Path: path, Rel: rel, ID: st.Ino, fd: fd}
+}
+
+// NestedCgroup makes the cgroup sub (one level or more) below parent, as a
+// container with cgroup delegation or the kubelet's layout would, and
+// removes it, deepest level first, before parent is removed.
+func NestedCgroup(t testing.TB, parent *Cgroup, sub string) *Cgroup {
+	t.Helper()
+	path := filepath.Join(parent.Path, sub)
+	if err := os.MkdirAll(path, 0o755); err != nil {
+		t.Fatalf("make cgroup: %v", err)
+	}
+	t.Cleanup(func() { // after its descriptor is closed, before the parent's removal
+		_ = os.WriteFile(filepath.Join(path, "cgroup.kill"), []byte("1"), 0)
+		for dir := path; dir != parent.Path; dir = filepath.Dir(dir) {
+			for i := 0; i < 100; i++ {
+				if err := os.Remove(dir); err == nil || os.IsNotExist(err) {
+					break
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		}
+	})
+	return OpenCgroup(t, path, parent.Rel+"/"+sub)
 }
 
 // Place makes cmd start inside the cgroup (clone3 with CLONE_INTO_CGROUP), so

@@ -5,6 +5,7 @@ package simtest
 
 import (
 	"bufio"
+	"bytes"
 	"fmt"
 	"io"
 	"os"
@@ -214,4 +215,23 @@ func RunWithProcessMachine(m *testing.M, machine **Machine, devices int, memory 
 		os.Setenv(k, v)
 	}
 	return m.Run()
+}
+
+// LockedBuffer is a buffer a running process or goroutine writes while the
+// test reads what it wrote so far.
+type LockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *LockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *LockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

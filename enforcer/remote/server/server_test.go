@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -10,7 +9,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -308,7 +306,7 @@ func TestAdmission(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	var logged lockedBuffer
+	var logged simtest.LockedBuffer
 	s, _, _ := testServerRules(t, creds, "exec cat <&3 >&3", admission.Rules{SessionsPerClient: 2, HighPriority: []string{"team-a"}},
 		slog.New(slog.NewTextHandler(&logged, nil)))
 	ctx := context.Background()
@@ -374,24 +372,6 @@ func TestAdmission(t *testing.T) {
 		_, err := open(hogs, session.Request{Memory: "1Gi"})
 		return err
 	})
-}
-
-// lockedBuffer is a log the server writes while the test reads it.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // Out of file descriptors, the server fails to accept for a while; once
