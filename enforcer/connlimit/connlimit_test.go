@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"syscall"
@@ -144,6 +145,47 @@ func TestCloseGivesBack(t *testing.T) {
 	s.open(t, "127.0.0.3")
 	if !s.refused(t, "127.0.0.4") {
 		t.Fatal("a double Close gave back two places")
+	}
+}
+
+// TestFullListenerEvictsIdle: a full listener admits a newcomer from a
+// source holding fewer connections in place of the oldest idle connection
+// of a source holding more, never of a busy one, and refuses it when there
+// is none.
+func TestFullListenerEvictsIdle(t *testing.T) {
+	s := start(t, Limits{Total: 4, PerSource: 3})
+	var server []*Conn
+	var client []net.Conn
+	for _, from := range []string{"127.0.0.2", "127.0.0.3", "127.0.0.3", "127.0.0.4"} {
+		c, err := s.dial(t, from)
+		if err != nil {
+			t.Fatal(err)
+		}
+		client = append(client, c)
+		server = append(server, s.admit(t).(*Conn))
+		server[len(server)-1].SetIdle(true)
+	}
+	server[1].SetIdle(false) // in the middle of a request
+	if !s.refused(t, "127.0.0.2") {
+		t.Fatal("a source holding one admitted a second in place of one of a source holding two")
+	}
+	s.open(t, "127.0.0.5")
+	if n := s.l.Evicted(); n != 1 {
+		t.Fatalf("Evicted() = %d, want 1", n)
+	}
+	for i, want := range []bool{false, false, true, false} { // 127.0.0.3's idle one
+		_ = client[i].SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+		_, err := client[i].Read(make([]byte, 1))
+		if closed := !errors.Is(err, os.ErrDeadlineExceeded); closed != want {
+			t.Errorf("connection %d closed %v (%v), want %v", i, closed, err, want)
+		}
+	}
+	if !s.refused(t, "127.0.0.6") { // every source holds one now
+		t.Fatal("a full listener admitted another with no source holding more")
+	}
+	server[2].Close() // the evicted one, closed by its server at last: no place given twice
+	if !s.refused(t, "127.0.0.6") {
+		t.Fatal("closing an evicted connection gave its place back twice")
 	}
 }
 

@@ -54,6 +54,7 @@ type Agent struct {
 	srv      *http.Server
 	lis      net.Listener
 	refused  map[string]func() uint64 // each capped listener's refusals, by name
+	evicted  map[string]func() uint64 // idle connections each closed to admit new ones
 	closers  []func() error
 	wg       sync.WaitGroup
 }
@@ -62,7 +63,8 @@ type Agent struct {
 // (the HTTP listener) fails Start; the rest are logged and reported down on
 // /readyz.
 func Start(ctx context.Context, cfg config.Config, version string, log *slog.Logger) (*Agent, error) {
-	a := &Agent{cfg: cfg, version: version, log: log, refused: map[string]func() uint64{}}
+	a := &Agent{cfg: cfg, version: version, log: log, refused: map[string]func() uint64{},
+		evicted: map[string]func() uint64{}}
 	node := nodeName(cfg)
 	log.Info("starting gpuwarden agent", "version", version, "node", node)
 
@@ -258,9 +260,9 @@ func (a *Agent) startHTTP() error {
 	}
 	a.parts.set("http", true, nil)
 	a.lis = lis
-	a.refused["http"] = lis.Refused
+	a.refused["http"], a.evicted["http"] = lis.Refused, lis.Evicted
 	a.srv = &http.Server{Handler: a.mux(), ReadHeaderTimeout: readHeaderTimeout, ReadTimeout: readTimeout,
-		WriteTimeout: writeTimeout, IdleTimeout: idleTimeout}
+		WriteTimeout: writeTimeout, IdleTimeout: idleTimeout, ConnState: markIdle}
 	a.wg.Add(1)
 	go func() {
 		defer a.wg.Done()

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"encoding/json"
+	"net"
 	"net/http"
 	"net/http/pprof"
 	"strconv"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/connlimit"
 	"github.com/gpuwarden/gpuwarden/enforcer/control"
 )
 
@@ -38,6 +40,11 @@ func (a *Agent) mux() *http.ServeMux {
 			Help:        "Connections closed at once for being over the listener's maxConnections or maxConnectionsPerSource.",
 			ConstLabels: prometheus.Labels{"listener": name}}, func() float64 { return float64(refused()) }))
 	}
+	for name, evicted := range a.evicted {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "gpuwarden_agent_connections_evicted_total",
+			Help:        "Idle connections closed to admit new ones while the listener was at its maxConnections.",
+			ConstLabels: prometheus.Labels{"listener": name}}, func() float64 { return float64(evicted()) }))
+	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", a.coll.MetricsHandler(reg, a.log))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok\n")) })
@@ -56,6 +63,15 @@ func (a *Agent) mux() *http.ServeMux {
 		}
 	}
 	return mux
+}
+
+// markIdle tells the capped listener which connections wait for their
+// peer's next request (new, or kept alive between requests): a full
+// listener closes the oldest of them to admit a client that sends at once.
+func markIdle(c net.Conn, state http.ConnState) {
+	if lc, ok := c.(*connlimit.Conn); ok {
+		lc.SetIdle(state == http.StateNew || state == http.StateIdle)
+	}
 }
 
 func (a *Agent) readyz(w http.ResponseWriter, _ *http.Request) {
