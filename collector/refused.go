@@ -53,13 +53,14 @@ func (j *joiner) judgeRefused(rejected []*ledger) map[uint64][]agentapi.Breach {
 	out := map[uint64][]agentapi.Breach{}
 	logged := map[string]string{}
 	for _, l := range rejected {
-		holders, framed := j.writersOf(l)
+		owner, owned := j.ownerOf(l.dir)
+		holders, framed := j.writersOf(l, owner)
 		accused := map[uint64]agentapi.Breach{}
 		for cg, ps := range holders {
 			accused[cg] = agentapi.Breach{Reason: BreachFalseClaim, Procs: ps, Evidence: fmt.Sprintf(
 				"processes %v map ledger %s, which names cgroup %d: %v", pidsOf(ps), l.dir, l.usage.CgroupID, l.refused)}
 		}
-		if owner, ok := j.ownerOf(l.dir); ok && len(framed) > 0 {
+		if owned && len(framed) > 0 {
 			accused[owner] = agentapi.Breach{Reason: BreachFalseClaim, Procs: holders[owner], Evidence: fmt.Sprintf(
 				"ledger %s, this container's, names processes %v of other containers in its slots (its claim, cgroup %d: %v)",
 				l.dir, pidsOf(framed), l.usage.CgroupID, l.refused)}
@@ -88,9 +89,9 @@ func (j *joiner) judgeRefused(rejected []*ledger) map[uint64][]agentapi.Breach {
 }
 
 // writersOf sorts the GPU processes a refused ledger concerns: those that
-// map it, by cgroup, and those of other containers its slots name without
-// their mapping it.
-func (j *joiner) writersOf(l *ledger) (holders map[uint64][]agentapi.Process, framed []agentapi.Process) {
+// map it, by cgroup, and those of containers other than owner (its
+// directory's; 0: unknown) its slots name without their mapping it.
+func (j *joiner) writersOf(l *ledger, owner uint64) (holders map[uint64][]agentapi.Process, framed []agentapi.Process) {
 	holders = map[uint64][]agentapi.Process{}
 	seen := map[int]bool{} // a process listed on several GPUs counts once
 	for k, ps := range j.procs {
@@ -103,10 +104,8 @@ func (j *joiner) writersOf(l *ledger) (holders map[uint64][]agentapi.Process, fr
 			switch {
 			case j.c.refused.maps[holding{p.hostPID, p.id.StartTime, l.file}]:
 				holders[k.Cgroup] = append(holders[k.Cgroup], proc)
-			case claims.InSlots(p.id, l.usage.Procs):
-				if owner, ok := j.ownerOf(l.dir); !ok || owner != k.Cgroup {
-					framed = append(framed, proc)
-				}
+			case claims.InSlots(p.id, l.usage.Procs) && k.Cgroup != owner:
+				framed = append(framed, proc)
 			}
 		}
 	}
