@@ -4,11 +4,15 @@ import (
 	"bytes"
 	"fmt"
 	"io"
+	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 )
 
 func init() { benchSuites["interposer"] = benchSuite{order: 10, run: benchInterposer} }
@@ -18,6 +22,11 @@ func init() { benchSuites["interposer"] = benchSuite{order: 10, run: benchInterp
 // with and without the library in alternating rounds of one run, and the
 // figure is the median of the per-round differences. Launches go to a
 // capturing stream, where simgpu's own launch is a steady array append.
+// Launches are measured without a gate, under a gate (the agent's limits
+// gate device 0 with a grant no run reaches), and with simgpu's launch
+// leaving stores pending as NVIDIA's does (SIMGPU_LAUNCH_STORES=1). The
+// last row is what a locked add right after such a launch costs: the
+// regression a locked instruction on the launch path would be on an H200.
 func benchInterposer(o benchOptions, stdout io.Writer) error {
 	m, err := newSimMachine(1, "16Gi")
 	if err != nil {
@@ -26,12 +35,22 @@ func benchInterposer(o benchOptions, stdout io.Writer) error {
 	defer m.close()
 	bench := filepath.Join(m.bin, "interposer", "gw-bench")
 	lib := filepath.Join(m.bin, "libgpuwarden.so")
-	run := func(preload bool, mode string, n int) (float64, error) {
+	gatedCtl := filepath.Join(m.dir, "ctl-gated")
+	lim, err := openBenchGate(gatedCtl)
+	if err != nil {
+		return err
+	}
+	defer lim.Close()
+	run := func(preload bool, mode string, n int, env ...string) (float64, error) {
 		cmd := exec.Command(bench, mode, strconv.Itoa(n))
-		cmd.Env = m.env()
+		cmd.Env = append(m.env(), env...)
 		if preload {
-			cmd.Env = append(cmd.Env, "LD_PRELOAD="+lib, "GPUWARDEN_CONTROL_DIR="+filepath.Join(m.dir, "ctl"),
-				"GPUWARDEN_MEMORY_LIMIT=8Gi")
+			ctl := filepath.Join(m.dir, "ctl")
+			if slices.Contains(env, benchGated) {
+				ctl = gatedCtl
+				lim.Heartbeat()
+			}
+			cmd.Env = append(cmd.Env, "LD_PRELOAD="+lib, "GPUWARDEN_CONTROL_DIR="+ctl, "GPUWARDEN_MEMORY_LIMIT=8Gi")
 		}
 		var out, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errb
@@ -48,20 +67,24 @@ func benchInterposer(o benchOptions, stdout io.Writer) error {
 	for _, c := range []struct {
 		mode, name string
 		n          int
+		env        []string
 	}{
-		{"launch", "launch", o.launches},
-		{"alloc", "alloc_free", max(o.launches/20, 1000)},
+		{"launch", "launch", o.launches, nil},
+		{"launch", "launch_gated", o.launches, []string{benchGated}},
+		{"launch", "launch_stores", o.launches, []string{benchStores}},
+		{"launch", "launch_stores_gated", o.launches, []string{benchStores, benchGated}},
+		{"alloc", "alloc_free", max(o.launches/20, 1000), nil},
 	} {
 		var base, with, diff []float64
 		for r := 0; r < rounds; r++ {
 			var a, b float64
 			var err error
 			if r%2 == 0 { // alternate which goes first
-				if a, err = run(false, c.mode, c.n); err == nil {
-					b, err = run(true, c.mode, c.n)
+				if a, err = run(false, c.mode, c.n, c.env...); err == nil {
+					b, err = run(true, c.mode, c.n, c.env...)
 				}
-			} else if b, err = run(true, c.mode, c.n); err == nil {
-				a, err = run(false, c.mode, c.n)
+			} else if b, err = run(true, c.mode, c.n, c.env...); err == nil {
+				a, err = run(false, c.mode, c.n, c.env...)
 			}
 			if err != nil {
 				return err
@@ -72,7 +95,42 @@ func benchInterposer(o benchOptions, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "BENCH interposer_%s_with_ns %.1f ns\n", c.name, interposerMedian(with))
 		fmt.Fprintf(stdout, "BENCH interposer_%s_overhead_ns %.1f ns\n", c.name, interposerMedian(diff))
 	}
+	for _, c := range []struct {
+		name string
+		env  []string
+	}{{"locked_add_after_launch_ns", nil}, {"locked_add_after_launch_stores_ns", []string{benchStores}}} {
+		v, err := run(false, "lockadd", o.launches, c.env...)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "BENCH interposer_%s %.1f ns\n", c.name, v)
+	}
 	return nil
+}
+
+const (
+	benchStores = "SIMGPU_LAUNCH_STORES=1"
+	benchGated  = "GPUWARDEN_BENCH_GATED=1" // marks a run for the gated control directory
+)
+
+// openBenchGate writes the agent's limits for the gated runs: device 0
+// gated, with a grant no run reaches, so each launch takes a ticket and
+// none waits.
+func openBenchGate(ctl string) (*controlblock.LimitsFile, error) {
+	cg, err := controlblock.CgroupOf("/proc", os.Getpid())
+	if err != nil {
+		return nil, err
+	}
+	path := controlblock.LimitsPath(ctl, controlblock.ContainerKey(cg))
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, err
+	}
+	lim, err := controlblock.CreateLimits(path, controlblock.LimitsConfig{GateMask: 1, NDev: 1})
+	if err == nil {
+		lim.Heartbeat()
+		err = lim.RaiseGrant(0, 1<<50)
+	}
+	return lim, err
 }
 
 func interposerMedian(v []float64) float64 {

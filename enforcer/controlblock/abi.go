@@ -11,7 +11,7 @@ import "unsafe"
 // ABI constants, as gpuwarden_abi.h defines them.
 const (
 	ABIMajor      = 1
-	ABIMinor      = 1 // 1: launches and throttled time per device
+	ABIMinor      = 2 // 1: launches and throttled time per device; 2: device mismatches
 	MaxDevices    = 16
 	MaxSlots      = 128
 	CgroupPathMax = 512
@@ -107,8 +107,11 @@ type Usage struct {
 	// interposer knew and time launches waited at a gate (ns).
 	LaunchesDev    [MaxDevices]uint64 `c:"launches_dev"`
 	ThrottledNsDev [MaxDevices]uint64 `c:"throttled_ns_dev"`
-	Reserved       [2496]byte         `c:"reserved"`
-	Slots          [MaxSlots]Slot     `c:"slots"`
+	// Minor 2: gated launches whose device, as the interposer kept it from
+	// the context hooks, differed from the driver's when checked.
+	DevMismatches uint64         `c:"dev_mismatches"`
+	Reserved      [2488]byte     `c:"reserved"`
+	Slots         [MaxSlots]Slot `c:"slots"`
 }
 
 // Sizes of the files.

@@ -39,8 +39,11 @@ type UsageSnapshot struct {
 	// and time launches waited, by device ordinal, container-wide.
 	LaunchesDev    [MaxDevices]uint64
 	ThrottledNsDev [MaxDevices]uint64
-	Procs          []ProcUsage
-	Problems       []string
+	// Minor 2 (zero in older ledgers): gated launches whose device the
+	// interposer had wrong (a context made current behind its hooks).
+	DevMismatches uint64
+	Procs         []ProcUsage
+	Problems      []string
 }
 
 // ProcUsage is one live process of the container.
@@ -91,6 +94,9 @@ func parseUsage(u *Usage) (*UsageSnapshot, error) {
 	s := &UsageSnapshot{ABIMinor: u.ABIMinor, CgroupID: u.CgroupID, DevUUID: u.DevUUID}
 	if s.PerDevice() {
 		s.LaunchesDev, s.ThrottledNsDev = u.LaunchesDev, u.ThrottledNsDev
+	}
+	if s.ABIMinor >= 2 {
+		s.DevMismatches = u.DevMismatches
 	}
 	bad := func(format string, a ...any) { s.Problems = append(s.Problems, fmt.Sprintf(format, a...)) }
 	if u.NDev > MaxDevices {

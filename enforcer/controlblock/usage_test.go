@@ -113,3 +113,22 @@ func TestParseUsagePerDeviceByMinor(t *testing.T) {
 		}
 	}
 }
+
+// TestParseUsageDevMismatchesByMinor: the device mismatch count (minor 2) is
+// read from ledgers of minor 2 on; an older ledger's reserved space there is
+// not read.
+func TestParseUsageDevMismatchesByMinor(t *testing.T) {
+	for _, minor := range []uint16{1, 2} {
+		b := validLedger()
+		u := (*Usage)(unsafe.Pointer(&b[0]))
+		u.ABIMinor = minor
+		u.DevMismatches = 5
+		s, err := ParseUsage(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := map[uint16]uint64{1: 0, 2: 5}[minor]; s.DevMismatches != want {
+			t.Errorf("minor %d: %d mismatches, want %d", minor, s.DevMismatches, want)
+		}
+	}
+}

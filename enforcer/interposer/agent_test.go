@@ -117,6 +117,7 @@ func TestLaunchGate(t *testing.T) {
 		t.Errorf("launch: %s", line)
 	}
 	pid = h.ready(t)
+	time.Sleep(flushWithin) // launch counts reach the ledger within this
 	p := proc(b.ledger(), pid)
 	if p == nil || p.Launches != 10 || p.ThrottledNs < uint64(300*time.Millisecond) {
 		t.Errorf("slot %+v: want 10 launches and >= 300ms throttled", p)

@@ -23,6 +23,9 @@
  * Minor 1: launches and throttled time per device (usage.launches_dev,
  * usage.throttled_ns_dev; what of a process's counts they hold:
  * slot.launches_placed, slot.throttled_placed_ns).
+ *
+ * Minor 2: usage.dev_mismatches, the interposer's check of the device it
+ * keeps for each thread's current context against the driver's.
  */
 #ifndef GPUWARDEN_ABI_H
 #define GPUWARDEN_ABI_H
@@ -32,7 +35,7 @@
 #include <stdint.h>
 
 #define GW_ABI_MAJOR 1
-#define GW_ABI_MINOR 1
+#define GW_ABI_MINOR 2
 
 #define GW_MAX_DEVICES 16  /* device ordinals as the container's processes see them */
 #define GW_MAX_SLOTS 128   /* processes per container using the GPU at once */
@@ -127,7 +130,12 @@ struct gw_usage {
      * cache lines of its own, apart from launches_issued's */
     _Atomic uint64_t launches_dev[GW_MAX_DEVICES];   /* launches */
     _Atomic uint64_t throttled_ns_dev[GW_MAX_DEVICES]; /* ns */
-    uint8_t reserved[2496];
+    /* minor 2: times a gated launch's device, as the interposer kept it
+     * from the context hooks, differed from the driver's when checked (one
+     * launch in 1024): a context made current by a path the hooks did not
+     * see. 0 in a sound process. */
+    _Atomic uint64_t dev_mismatches;
+    uint8_t reserved[2488];
     struct gw_slot slots[GW_MAX_SLOTS];
 };
 
@@ -141,7 +149,8 @@ _Static_assert(offsetof(struct gw_usage, launches_dev) == 1344, "gw_usage.launch
 _Static_assert(offsetof(struct gw_usage, launches_dev) % 64 == 0, "gw_usage.launches_dev: own cache lines");
 _Static_assert(offsetof(struct gw_usage, throttled_ns_dev) % 64 == 0, "gw_usage.throttled_ns_dev: own cache lines");
 _Static_assert(sizeof(((struct gw_usage *)0)->launches_dev) % 64 == 0, "gw_usage.launches_dev: whole cache lines");
-_Static_assert(offsetof(struct gw_usage, reserved) == 1600, "gw_usage.reserved");
+_Static_assert(offsetof(struct gw_usage, dev_mismatches) == 1600, "gw_usage.dev_mismatches");
+_Static_assert(offsetof(struct gw_usage, reserved) == 1608, "gw_usage.reserved");
 _Static_assert(offsetof(struct gw_usage, slots) == 4096, "gw_usage.slots");
 _Static_assert(sizeof(struct gw_usage) == 4096 + GW_MAX_SLOTS * 256, "gw_usage");
 

@@ -22,6 +22,7 @@ func TestHookPaths(t *testing.T) {
 			h := b.start("--resolve", how, "init", "ctx", "0", "alloc", "900Mi", "alloc", "100Mi",
 				"launch", "5", "launchex", "1", "coop", "1", "graph", "1", "hold")
 			pid := h.ready(t)
+			time.Sleep(flushWithin) // launch counts reach the ledger within this
 			l := b.ledger()
 			p := proc(l, pid)
 			if p == nil {

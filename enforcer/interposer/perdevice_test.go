@@ -40,6 +40,7 @@ func TestLaunchesCountedPerDevice(t *testing.T) {
 		t.Fatal(err)
 	}
 	pid := h.ready(t)
+	time.Sleep(flushWithin) // launch counts reach the ledger within this
 	l := b.ledger()
 	p := proc(l, pid)
 	if p == nil {
@@ -66,6 +67,7 @@ func TestLaunchesWithoutGateNotPlaced(t *testing.T) {
 	b := newBox(t, 2, "16Gi")
 	h := b.start("init", "ctx", "0", "launch", "5", "ctx", "1", "launch", "6", "hold")
 	pid := h.ready(t)
+	time.Sleep(flushWithin)
 	l := b.ledger()
 	p := proc(l, pid)
 	if p == nil || p.Launches != 11 || p.LaunchesPlaced != 0 || l.LaunchesDev != [controlblock.MaxDevices]uint64{} {
@@ -94,6 +96,7 @@ func TestLedgerOfMinorZero(t *testing.T) {
 	}
 	h := b.start("init", "ctx", "0", "launch", "4", "ctx", "1", "launch", "3", "hold")
 	pid := h.ready(t)
+	time.Sleep(flushWithin)
 	raw, err := os.ReadFile(b.usagePath())
 	if err != nil {
 		t.Fatal(err)
@@ -104,7 +107,7 @@ func TestLedgerOfMinorZero(t *testing.T) {
 		t.Errorf("slot pid %d launches %d, tickets %d: want pid %d, 7 launches, 4 tickets", s.Pid, s.Launches, got.LaunchesIssued[0], pid)
 	}
 	if got.ABIMinor != 0 || got.LaunchesDev != [controlblock.MaxDevices]uint64{} || s.LaunchesPlaced != 0 ||
-		strings.Trim(string(got.Reserved[:]), "\x00") != "" {
+		got.DevMismatches != 0 || strings.Trim(string(got.Reserved[:]), "\x00") != "" {
 		t.Errorf("minor-0 ledger written past its layout: minor %d, launches by device %v, placed %d",
 			got.ABIMinor, got.LaunchesDev[:2], s.LaunchesPlaced)
 	}

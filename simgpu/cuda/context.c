@@ -1,5 +1,6 @@
 /* Contexts: each thread has a stack of them, the top one is current. */
 #include <stdlib.h>
+#include <string.h>
 
 #include "internal.h"
 
@@ -142,7 +143,21 @@ SG_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx) {
     return CUDA_SUCCESS;
 }
 
+/* For tests, with SIMGPU_COUNT_CALLS=1: how often the process asked the
+ * driver for its context's device (simgpu_ctx_get_device_calls). Off, the
+ * count costs a load. */
+static _Atomic int count_calls = -1;
+static _Atomic unsigned long long get_device_calls;
+
+SG_EXPORT unsigned long long simgpu_ctx_get_device_calls(void) { return atomic_load(&get_device_calls); }
+
 SG_EXPORT CUresult cuCtxGetDevice(CUdevice *device) {
+    int counting = atomic_load_explicit(&count_calls, memory_order_relaxed);
+    if (counting < 0) {
+        const char *v = getenv("SIMGPU_COUNT_CALLS");
+        atomic_store(&count_calls, counting = v && !strcmp(v, "1"));
+    }
+    if (counting) atomic_fetch_add(&get_device_calls, 1);
     struct CUctx_st *c;
     CUresult rc = sg_current(&c);
     if (rc) return rc;

@@ -23,6 +23,9 @@
     X(CUresult, cuCtxCreate_v4,                                                                    \
       (CUcontext * pctx, CUctxCreateParams * ctxCreateParams, unsigned int flags, CUdevice dev))   \
     X(CUresult, cuCtxDestroy_v2, (CUcontext ctx))                                                  \
+    X(CUresult, cuCtxSetCurrent, (CUcontext ctx))                                                  \
+    X(CUresult, cuCtxPushCurrent_v2, (CUcontext ctx))                                              \
+    X(CUresult, cuCtxPopCurrent_v2, (CUcontext * pctx))                                            \
     X(CUresult, cuMemAlloc_v2, (CUdeviceptr * dptr, size_t bytesize))                              \
     X(CUresult, cuMemAllocPitch_v2,                                                                \
       (CUdeviceptr * dptr, size_t * pPitch, size_t WidthInBytes, size_t Height,                    \

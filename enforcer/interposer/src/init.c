@@ -23,6 +23,9 @@ static pthread_mutex_t act_mu = PTHREAD_MUTEX_INITIALIZER;
 static int reaper_running, atexit_done;
 
 #define GW_REAP_PERIOD_NS 250000000L
+/* Launch counts reach the ledger at most this late (counts.c); every
+ * other flush the reaper also reaps. */
+#define GW_FLUSH_PERIOD_NS 125000000L
 
 uint64_t gw_now_ns(void) {
     struct timespec ts;
@@ -74,9 +77,11 @@ static void atfork_prepare(void) {
     gw_context_atfork(0);
     pthread_mutex_lock(&gw_lim_mu);
     gw_memory_atfork(0);
+    gw_counts_atfork(0);
 }
 
 static void atfork_parent(void) {
+    gw_counts_atfork(1);
     gw_memory_atfork(1);
     pthread_mutex_unlock(&gw_lim_mu);
     gw_context_atfork(1);
@@ -86,6 +91,7 @@ static void atfork_parent(void) {
 /* The child is a new process: its own slot (claimed on its next call), none
  * of the parent's allocations, contexts or reaper thread. */
 static void atfork_child(void) {
+    gw_counts_atfork(2);
     gw_memory_atfork(2);
     pthread_mutex_init(&gw_lim_mu, NULL);
     gw_context_atfork(2);
@@ -119,14 +125,21 @@ int gw_core(void) {
     return atomic_load(&gw_state);
 }
 
-/* The reaper: gives back what dead processes held, releases stream-ordered
- * frees that completed, and picks up a limits file the agent wrote later. */
+/* The reaper: sums the threads' launch counts into the ledger, gives back
+ * what dead processes held, releases stream-ordered frees that completed,
+ * and picks up a limits file the agent wrote later. It wakes on a fixed
+ * schedule, so the reaping's own time does not delay the counts. */
 static void *reaper(void *arg) {
     (void)arg;
     gw_in_hook = 1; /* driver calls from here never count as the program's */
-    for (;;) {
-        struct timespec ts = {0, GW_REAP_PERIOD_NS};
-        nanosleep(&ts, NULL);
+    struct timespec next;
+    clock_gettime(CLOCK_MONOTONIC, &next);
+    for (unsigned long tick = 1;; tick++) {
+        next.tv_nsec += GW_FLUSH_PERIOD_NS;
+        if (next.tv_nsec >= 1000000000L) next.tv_sec++, next.tv_nsec -= 1000000000L;
+        while (clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &next, NULL) == EINTR) {}
+        gw_counts_flush();
+        if (tick % (GW_REAP_PERIOD_NS / GW_FLUSH_PERIOD_NS)) continue;
         gw_reap_dead();
         gw_pending_poll(0);
         gw_limits_poll_file();

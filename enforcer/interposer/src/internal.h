@@ -29,6 +29,7 @@ extern _Atomic int gw_state;
 extern struct gw_env gw_env;            /* parsed once, at init */
 extern struct gw_usage *gw_usage;       /* the container's ledger (read-write) */
 extern int gw_usage_per_dev;            /* the ledger has minor 1's per-device counters */
+extern int gw_usage_minor;              /* the ledger's minor: its fields of a later one are not written */
 extern struct gw_slot *_Atomic gw_slot; /* this process's slot, when GW_READY */
 extern __thread int gw_in_hook __attribute__((tls_model("initial-exec")));
 
@@ -101,6 +102,44 @@ void gw_memory_atfork(int phase); /* 0 prepare, 1 parent, 2 child */
 
 /* context.c */
 void gw_context_atfork(int phase);
+
+/* counts.c: launch counts per thread. A launch adds to its own thread's
+ * cell with a plain add: on x86 any locked read-modify-write waits for every
+ * store still pending, and NVIDIA's launch returns with stores pending (about
+ * 100 ns a launch on an H200). The reaper sums the cells into the process's
+ * slot and the per-device counters every GW_FLUSH_PERIOD_NS, at exit, and
+ * when a thread exits; a fork child's cells start from zero. */
+struct gw_cell {
+    _Atomic uint64_t launches;               /* written by its thread only */
+    _Atomic uint64_t placed[GW_MAX_DEVICES]; /* of those, by the device they ran on (gated launches) */
+    uint64_t summed, summed_placed[GW_MAX_DEVICES]; /* what the ledger holds of them; under the cells' lock */
+    struct gw_cell *next;
+};
+extern __thread struct gw_cell *gw_my_cell __attribute__((tls_model("initial-exec")));
+struct gw_cell *gw_cell_new(void); /* this thread's cell on its first launch; NULL when none can be had */
+void gw_counts_flush(void);        /* the reaper's sum */
+void gw_counts_close(void);        /* the last sum, at exit: nothing is summed into the slot after it */
+void gw_counts_atfork(int phase);
+
+/* gw_count_add adds to a counter only this thread writes. On x86 it is one
+ * unlocked add to memory: a signal handler that launches cannot split it. */
+static inline void gw_count_add(_Atomic uint64_t *c, uint64_t n) {
+#if defined(__x86_64__)
+    __asm__ volatile("addq %1, %0" : "+m"(*(uint64_t *)c) : "er"(n) : "memory");
+#else
+    atomic_fetch_add_explicit(c, n, memory_order_relaxed);
+#endif
+}
+
+/* context.c: the device of this thread's current context, kept by the
+ * context hooks so that a gated launch need not ask the driver. */
+#define GW_DEV_ASK (-2) /* not known: the next gated launch asks the driver */
+struct gw_cur {
+    int dev;       /* the current context's device; -1 none */
+    uint32_t left; /* gated launches until the cache is checked against the driver */
+};
+extern __thread struct gw_cur gw_cur __attribute__((tls_model("initial-exec")));
+extern _Atomic int gw_ndev_visible; /* devices this process sees (cuDeviceGetCount at cuInit), 0 unknown */
 
 /* launch.c */
 CUresult gw_gate_wait(void);

@@ -1,9 +1,10 @@
-/* The launch path: count every launch in this process's slot and, when the
- * agent gates the device, wait for a grant. Without a gate this is a few
- * loads and one atomic add: no getenv, lock, log or allocation here. With a
- * gate on any device the launch's device is known (cuCtxGetDevice), and the
- * launch and its wait are counted on it too (ledgers of minor 1); without
- * one they are not, as asking the driver would cost every launch a call. */
+/* The launch path: count every launch in this thread's cell (counts.c)
+ * and, when the agent gates the device, wait for a grant. Without a gate
+ * this is a few loads and one unlocked add: no getenv, lock, log,
+ * allocation or locked instruction here (a thread's first launch takes a
+ * cell). With a gate on any device the launch's device is known, without
+ * asking the driver (see launch_dev), and the launch is counted on it too
+ * (ledgers of minor 1); the one locked instruction is the gate's ticket. */
 #define _GNU_SOURCE
 #include <linux/futex.h>
 #include <sys/syscall.h>
@@ -59,6 +60,29 @@ static void count_placed(_Atomic uint64_t *dev_counter, _Atomic uint64_t *slot_c
     atomic_fetch_add_explicit(slot_counter, n, memory_order_relaxed);
 }
 
+/* launch_dev is the device of this thread's current context, -1 none.
+ * With one visible device it can only be that one. Otherwise it is what the
+ * context hooks left in gw_cur, checked against the driver once every
+ * GW_DEV_CHECK_EVERY gated launches: a context made current behind the
+ * hooks' back (a path that bypasses them) is counted in the ledger
+ * (usage.dev_mismatches, minor 2) and the driver's answer taken. */
+#define GW_DEV_CHECK_EVERY 1024
+static int launch_dev(void) {
+    if (atomic_load_explicit(&gw_ndev_visible, memory_order_relaxed) == 1) return 0;
+    struct gw_cur *c = &gw_cur;
+    if (GW_LIKELY(c->dev != GW_DEV_ASK && c->left)) {
+        c->left--;
+        return c->dev;
+    }
+    CUdevice d;
+    int now = gw_be.cuCtxGetDevice(&d) ? -1 : d;
+    if (c->dev != GW_DEV_ASK && c->dev != now && gw_usage_minor >= 2)
+        atomic_fetch_add(&gw_usage->dev_mismatches, 1);
+    c->dev = now;
+    c->left = GW_DEV_CHECK_EVERY - 1;
+    return now;
+}
+
 /* gw_gate_wait counts the launch on the current device, takes a ticket
  * there and waits until the agent's grant covers it, the gate is lifted, or
  * the agent falls silent: then until the grant, reckoned on at the agent's
@@ -66,10 +90,14 @@ static void count_placed(_Atomic uint64_t *dev_counter, _Atomic uint64_t *slot_c
  * beat is over. */
 __attribute__((noinline)) CUresult gw_gate_wait(void) {
     struct gw_limits *l = atomic_load_explicit(&gw_limits, memory_order_acquire);
-    CUdevice dev;
-    if (!l || gw_be.cuCtxGetDevice(&dev) || dev < 0 || dev >= GW_MAX_DEVICES) return CUDA_SUCCESS;
+    int dev = launch_dev();
+    if (!l || dev < 0 || dev >= GW_MAX_DEVICES) return CUDA_SUCCESS;
     struct gw_slot *me = atomic_load(&gw_slot);
-    if (gw_usage_per_dev && me) count_placed(&gw_usage->launches_dev[dev], &me->launches_placed, 1);
+    struct gw_cell *cell = gw_my_cell;
+    if (gw_usage_per_dev && me) {
+        if (GW_LIKELY(cell)) gw_count_add(&cell->placed[dev], 1); /* summed by the reaper (counts.c) */
+        else count_placed(&gw_usage->launches_dev[dev], &me->launches_placed, 1);
+    }
     uint32_t bit = 1u << dev;
     if (!(atomic_load(&gw_snap_gate_mask) & bit)) return CUDA_SUCCESS;
     struct gw_gate *g = &l->gate[dev];
@@ -124,9 +152,12 @@ static inline __attribute__((always_inline)) CUresult launch_enter(void) {
         if (rc) return rc;
     }
     gw_limits_check();
+    /* counted before the gate, so that no reader sees more placed than launches */
+    struct gw_cell *cell = gw_my_cell;
+    if (GW_UNLIKELY(!cell)) cell = gw_cell_new();
+    if (GW_LIKELY(cell)) gw_count_add(&cell->launches, 1);
+    else atomic_fetch_add(&atomic_load_explicit(&gw_slot, memory_order_relaxed)->launches, 1);
     if (GW_UNLIKELY(atomic_load_explicit(&gw_snap_gate_mask, memory_order_relaxed))) gw_gate_wait();
-    atomic_fetch_add_explicit(&atomic_load_explicit(&gw_slot, memory_order_relaxed)->launches, 1,
-                              memory_order_relaxed);
     return CUDA_SUCCESS;
 }
 

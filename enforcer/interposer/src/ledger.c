@@ -18,7 +18,8 @@
 #include "internal.h"
 
 struct gw_usage *gw_usage;
-int gw_usage_per_dev;
+int gw_usage_per_dev, gw_usage_minor;
+_Atomic int gw_ndev_visible;
 struct gw_limits *_Atomic gw_limits;
 _Atomic uint64_t gw_limits_seq;
 _Atomic uint32_t gw_snap_gate_mask;
@@ -149,7 +150,8 @@ int gw_ledger_open(const char *dir, const char *key, const char *cgpath, char *e
         return -1;
     }
     usage_fd = fd;
-    gw_usage_per_dev = __atomic_load_n(&u->abi_minor, __ATOMIC_RELAXED) >= 1; /* its creator's minor, fixed */
+    gw_usage_minor = __atomic_load_n(&u->abi_minor, __ATOMIC_RELAXED); /* its creator's minor, fixed */
+    gw_usage_per_dev = gw_usage_minor >= 1;
     gw_usage = u;
     return 0;
 }
@@ -401,6 +403,7 @@ struct gw_slot *gw_slot_claim(void) {
 void gw_slot_release_self(void) {
     struct gw_slot *s = atomic_load(&gw_slot);
     if (!s || atomic_load(&s->pid) != getpid()) return;
+    gw_counts_close();
     uint32_t live = GW_SLOT_LIVE;
     if (atomic_compare_exchange_strong(&s->state, &live, GW_SLOT_REAPING)) release_slot(s);
 }
@@ -421,6 +424,7 @@ void gw_record_devices(void) {
     int n = 0;
     if (!gw_be.cuDeviceGetCount || gw_be.cuDeviceGetCount(&n) || n <= 0) return;
     if (n > GW_MAX_DEVICES) n = GW_MAX_DEVICES;
+    atomic_store_explicit(&gw_ndev_visible, n, memory_order_relaxed);
     atomic_store(&gw_usage->ndev, (uint32_t)n);
     flock(usage_fd, LOCK_EX);
     for (int d = 0; d < n; d++) {

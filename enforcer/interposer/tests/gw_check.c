@@ -11,13 +11,18 @@
  * hold, fork, storm THREADS ITERS MAXSIZE linear|mixed, prethreads N SIZE,
  * prethreads-go, nvml, sleep MS, kernel NS (one kernel of NS nanoseconds on the stream, not waited for),
  * sigalloc SIZE MS (in MS milliseconds a SIGUSR1 reaches the main thread, whose handler
- * allocates SIZE), sigwait (waits for that handler; prints its result and the step it interrupted).
+ * allocates SIZE), sigwait (waits for that handler; prints its result and the step it interrupted),
+ * threads T N (T threads each make the current context theirs, launch N kernels and exit),
+ * calls (prints getdevice=<cuCtxGetDevice calls simgpu counted>, with SIMGPU_COUNT_CALLS=1),
+ * bypass D (makes device D's primary context current through the driver's own cuCtxSetCurrent,
+ * found by libc's dlsym, which the interposer does not substitute: a path behind the hooks' back).
  * Each prints "<step> <CUDA result> [k=v...]".
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,7 +43,8 @@
     X(cuMemCreate) X(cuMemRelease) X(cuMemAddressReserve) X(cuMemAddressFree) X(cuMemMap)          \
     X(cuMemUnmap) X(cuMemSetAccess) X(cuModuleLoadData) X(cuModuleGetFunction) X(cuLaunchKernel)  \
     X(cuLaunchKernelEx) X(cuLaunchCooperativeKernel) X(cuGraphLaunch) X(cuStreamBeginCapture_v2)   \
-    X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags) X(cuGetErrorName) X(cuCtxSynchronize)
+    X(cuStreamEndCapture) X(cuGraphInstantiateWithFlags) X(cuGetErrorName) X(cuCtxSynchronize)       \
+    X(cuCtxGetCurrent)
 
 static struct {
 #define FIELD(name) __typeof__(&name) name;
@@ -203,6 +209,33 @@ static CUresult launch_n(const char *how, long n) {
         else rc = cu.cuGraphLaunch(exec, stream);
     }
     if (!rc) rc = cu.cuStreamSynchronize(stream);
+    return rc;
+}
+
+/* ---- threads: launches from threads that exit ---- */
+static CUcontext threads_ctx;
+static long threads_n;
+
+static void *launch_thread(void *arg) {
+    (void)arg;
+    CUresult rc = cu.cuCtxSetCurrent(threads_ctx);
+    if (!rc) rc = launch_n("launch", threads_n);
+    return (void *)(intptr_t)rc;
+}
+
+static CUresult threads(int t, long n) {
+    pthread_t th[64];
+    CUresult rc = cu.cuCtxGetCurrent(&threads_ctx);
+    if (!rc) rc = ensure_stream();
+    threads_n = n;
+    int started = 0;
+    for (; !rc && started < t && started < 64; started++)
+        if (pthread_create(&th[started], NULL, launch_thread, NULL)) rc = CUDA_ERROR_OUT_OF_MEMORY;
+    for (int k = 0; k < started; k++) {
+        void *r;
+        pthread_join(th[k], &r);
+        if (!rc) rc = (CUresult)(intptr_t)r;
+    }
     return rc;
 }
 
@@ -545,6 +578,22 @@ int main(int argc, char **argv) {
             for (int k = 0; k < 10000 && !sig_done; k++) usleep(1000);
             rc = sig_done ? sig_rc : CUDA_ERROR_NOT_READY;
             snprintf(extra, sizeof extra, " step=%s", sig_done ? sig_step : "none");
+        } else if (!strcmp(s, "threads")) {
+            rc = threads(atoi(a1), atol(a2));
+            i += 2;
+        } else if (!strcmp(s, "calls")) {
+            unsigned long long (*calls)(void) = (unsigned long long (*)(void))dlsym(RTLD_DEFAULT, "simgpu_ctx_get_device_calls");
+            if (!calls) rc = CUDA_ERROR_NOT_FOUND;
+            snprintf(extra, sizeof extra, " getdevice=%llu", calls ? calls() : 0);
+        } else if (!strcmp(s, "bypass")) {
+            void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD), *libc = dlopen("libc.so.6", RTLD_NOW | RTLD_NOLOAD);
+            void *(*libc_dlsym)(void *, const char *) = libc ? (void *(*)(void *, const char *))dlvsym(libc, "dlsym", "GLIBC_2.34") : NULL;
+            if (libc && !libc_dlsym) libc_dlsym = (void *(*)(void *, const char *))dlvsym(libc, "dlsym", "GLIBC_2.2.5");
+            CUresult (*set)(CUcontext) = h && libc_dlsym ? (CUresult(*)(CUcontext))libc_dlsym(h, "cuCtxSetCurrent") : NULL;
+            CUcontext c;
+            rc = set ? cu.cuDevicePrimaryCtxRetain(&c, atoi(a1)) : CUDA_ERROR_NOT_FOUND;
+            if (!rc) rc = set(c);
+            i++;
         } else if (!strcmp(s, "sleep")) {
             usleep((useconds_t)atoi(a1) * 1000);
             i++;
