@@ -1,6 +1,7 @@
 package interposer_test
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -92,6 +93,32 @@ func TestLaunchCountsFork(t *testing.T) {
 	})
 	if pp, cp := proc(l, parent), proc(l, child); pp == nil || cp == nil || pp.Launches != 5 || cp.Launches != 3 {
 		t.Errorf("parent %+v, child %+v: want 5 and 3 launches", pp, cp)
+	}
+	h.resume()
+	h.Wait()
+}
+
+// TestLaunchCountsSignalHandler: launches made by a signal handler that
+// interrupted the same thread's launches are counted, and so are the
+// interrupted ones: a thread's count is one add no handler can split.
+func TestLaunchCountsSignalHandler(t *testing.T) {
+	b := newBox(t, 1, "16Gi")
+	h := b.start("init", "ctx", "0", "siglaunch", "300", "hold")
+	line := h.WaitLine(t, "siglaunch ", 20*time.Second)
+	if !strings.HasPrefix(line, "siglaunch CUDA_SUCCESS") {
+		t.Fatalf("siglaunch: %s", line)
+	}
+	want := field(t, line, "main") + field(t, line, "handler")
+	if field(t, line, "handler") == 0 {
+		t.Fatalf("%s: no launch from the handler", line)
+	}
+	pid := h.ready(t)
+	l := b.settled(t, time.Now(), func(l *controlblock.UsageSnapshot) bool {
+		p := proc(l, pid)
+		return p != nil && p.Launches == want
+	})
+	if p := proc(l, pid); p == nil || p.Launches != want {
+		t.Errorf("slot %+v after %s: want %d launches", p, line, want)
 	}
 	h.resume()
 	h.Wait()

@@ -13,6 +13,8 @@
  * sigalloc SIZE MS (in MS milliseconds a SIGUSR1 reaches the main thread, whose handler
  * allocates SIZE), sigwait (waits for that handler; prints its result and the step it interrupted),
  * threads T N (T threads each make the current context theirs, launch N kernels and exit),
+ * siglaunch N (the main thread launches while another sends it N signals, whose handler launches one
+ * kernel on a stream of its own; prints main=<launches> handler=<launches>),
  * calls (prints getdevice=<cuCtxGetDevice calls simgpu counted>, with SIMGPU_COUNT_CALLS=1),
  * bypass D (makes device D's primary context current through the driver's own cuCtxSetCurrent,
  * found by libc's dlsym, which the interposer does not substitute: a path behind the hooks' back).
@@ -236,6 +238,55 @@ static CUresult threads(int t, long n) {
         pthread_join(th[k], &r);
         if (!rc) rc = (CUresult)(intptr_t)r;
     }
+    return rc;
+}
+
+/* ---- siglaunch: launches from a signal handler that interrupts launches ---- */
+static CUstream siglaunch_stream;
+static long siglaunch_n;
+static volatile sig_atomic_t siglaunch_count, siglaunch_failed, siglaunch_stop;
+static pthread_t siglaunch_main;
+
+static void siglaunch_handler(int sig) {
+    (void)sig;
+    unsigned long long zero = 0;
+    void *params[] = {&zero};
+    if (cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, siglaunch_stream, params, NULL)) siglaunch_failed = 1;
+    else siglaunch_count++;
+}
+
+static void *siglaunch_sender(void *arg) {
+    (void)arg;
+    for (long k = 0; k < siglaunch_n; k++) {
+        pthread_kill(siglaunch_main, SIGUSR2);
+        usleep(200);
+    }
+    siglaunch_stop = 1;
+    return NULL;
+}
+
+static CUresult siglaunch(long n, char *extra, size_t len) {
+    CUresult rc = ensure_stream();
+    if (!rc) rc = cu.cuStreamCreate(&siglaunch_stream, 0);
+    if (rc) return rc;
+    struct sigaction sa = {.sa_handler = siglaunch_handler, .sa_flags = SA_RESTART};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGUSR2, &sa, NULL);
+    siglaunch_n = n;
+    siglaunch_main = pthread_self();
+    pthread_t t;
+    if (pthread_create(&t, NULL, siglaunch_sender, NULL)) return CUDA_ERROR_OUT_OF_MEMORY;
+    unsigned long long zero = 0;
+    void *params[] = {&zero};
+    long launched = 0;
+    while (!siglaunch_stop && !rc)
+        if (!(rc = cu.cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, stream, params, NULL))) launched++;
+    pthread_join(t, NULL);
+    signal(SIGUSR2, SIG_IGN);
+    if (!rc) rc = cu.cuStreamSynchronize(stream);
+    if (!rc) rc = cu.cuStreamSynchronize(siglaunch_stream);
+    if (!rc && siglaunch_failed) rc = CUDA_ERROR_UNKNOWN;
+    snprintf(extra, len, " main=%ld handler=%d", launched, (int)siglaunch_count);
     return rc;
 }
 
@@ -581,6 +632,9 @@ int main(int argc, char **argv) {
         } else if (!strcmp(s, "threads")) {
             rc = threads(atoi(a1), atol(a2));
             i += 2;
+        } else if (!strcmp(s, "siglaunch")) {
+            rc = siglaunch(atol(a1), extra, sizeof extra);
+            i++;
         } else if (!strcmp(s, "calls")) {
             unsigned long long (*calls)(void) = (unsigned long long (*)(void))dlsym(RTLD_DEFAULT, "simgpu_ctx_get_device_calls");
             if (!calls) rc = CUDA_ERROR_NOT_FOUND;
