@@ -370,6 +370,7 @@ func (j *joiner) addLedger(cg uint64, l *ledger) {
 	if first < 0 {
 		return
 	}
+	j.entries[Key{cg, l.gpus[first]}].DeviceMismatches = u.DevMismatches
 	procs := map[Key][]controlblock.ProcUsage{}
 	for _, p := range u.Procs {
 		p = unplaced(p)

@@ -175,9 +175,14 @@ func TestPerDeviceLaunchesLandOnTheirGPUs(t *testing.T) {
 		}
 	}
 	// 30 launches on ordinal 0, 70 on ordinal 1, 10 without a device.
-	a, b := scrape(ledgerOf(30, 70, 100))
+	u := ledgerOf(30, 70, 100)
+	u.DevMismatches = 3
+	a, b := scrape(u)
 	check("first scrape", a, 40, 1)
 	check("first scrape", b, 70, 3)
+	if a.DeviceMismatches != 3 || b.DeviceMismatches != 0 { // container-wide: on its first GPU alone
+		t.Errorf("device mismatches %d on GPU 2, %d on GPU 1; want 3 and 0", a.DeviceMismatches, b.DeviceMismatches)
+	}
 	// Rewritten down, and a slot claiming more placed than launched.
 	a, b = scrape(ledgerOf(30, 5, 1000))
 	check("rewound", a, 40, 1) // the process's 10 undeviced launches stay counted

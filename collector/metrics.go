@@ -38,6 +38,8 @@ var (
 		"Kernel launches: exact from the interposer's ledger; estimated from sampled eBPF probes for containers without it.")
 	descThrottled = containerDesc("throttled_seconds_total",
 		"Time the container's launches waited for the enforcer's launch budget.")
+	descDeviceMismatches = containerDesc("device_mismatches_total",
+		"Launches the interposer counted on the wrong device, found when it checks its context hooks against the driver (one gated launch in 1024 on several GPUs): a context made current behind them. Container-wide, on its first GPU.")
 	descShare = containerDesc("compute_share_ratio",
 		"Share of the device's time the container used over the last sampling window (NVML), 0-1.")
 	descLimit = containerDesc("compute_limit_ratio",

@@ -31,7 +31,7 @@ func (m viewMetrics) Collect(ch chan<- prometheus.Metric) { m.c.metrics(m.v, ch)
 // Describe sends the description of every metric the collector serves.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descMemoryUsed, descMemoryLimit, descAllocFailures, descLaunches,
-		descThrottled, descShare, descLimit, descUnenforced, descBreach, descDeviceMemTotal, descDeviceMemUsed, descDeviceUtil,
+		descThrottled, descDeviceMismatches, descShare, descLimit, descUnenforced, descBreach, descDeviceMemTotal, descDeviceMemUsed, descDeviceUtil,
 		descProbeEvents, descProbeLost, descBuildInfo, descSourceUp} {
 		ch <- d
 	}
@@ -56,6 +56,9 @@ func (c *Collector) metrics(v *View, ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descAllocFailures, counter, float64(e.AllocFailuresDevice), append(l, "device")...)
 		ch <- prometheus.MustNewConstMetric(descLaunches, counter, e.Launches, l...)
 		ch <- prometheus.MustNewConstMetric(descThrottled, counter, e.ThrottledSeconds, l...)
+		if e.LaunchesExact {
+			ch <- prometheus.MustNewConstMetric(descDeviceMismatches, counter, float64(e.DeviceMismatches), l...)
+		}
 		ch <- prometheus.MustNewConstMetric(descShare, gauge, e.ComputeShare, l...)
 		if e.ComputeLimit > 0 {
 			ch <- prometheus.MustNewConstMetric(descLimit, gauge, e.ComputeLimit, l...)

@@ -20,6 +20,7 @@ var alertScope = map[string][]string{
 	"GPUComputeThrottledHeavily":      {"namespace", "pod", "container", "gpu", "node"},
 	"GPUContainerUnenforced":          {"namespace", "pod", "container", "gpu", "node"},
 	"GPUContainerBreach":              {"namespace", "pod", "container", "gpu", "node"},
+	"GPUContainerDeviceMismatch":      {"namespace", "pod", "container", "gpu", "node"},
 	"GPUMemoryQuotaOvercommitted":     {"gpu", "node"},
 	"GPUWardenAgentDown":              {"instance"},
 	"GPUWardenProbeEventsLost":        {"node"},

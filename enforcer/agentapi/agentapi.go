@@ -61,8 +61,13 @@ type ContainerDevice struct {
 	Launches            float64 `json:"launches"`
 	LaunchesExact       bool    `json:"launchesExact"`
 	ThrottledSeconds    float64 `json:"throttledSeconds"`
-	ComputeShare        float64 `json:"computeShare"` // 0-1, measured
-	ComputeLimit        float64 `json:"computeLimit"` // 0-1 target; 0: none
+	// DeviceMismatches counts the checks (one gated launch in 1024 of a
+	// process on several GPUs) that found the interposer's context hooks
+	// wrong about a launch's device: a context made current behind them.
+	// Container-wide, on the entry of its first GPU.
+	DeviceMismatches uint64  `json:"deviceMismatches"`
+	ComputeShare     float64 `json:"computeShare"` // 0-1, measured
+	ComputeLimit     float64 `json:"computeLimit"` // 0-1 target; 0: none
 
 	PIDs []int `json:"pids"`
 }
