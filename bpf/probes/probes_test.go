@@ -47,3 +47,50 @@ func TestLoadAttachCount(t *testing.T) {
 		t.Errorf("CollectGarbage = %d, %v; want >= 1 entry removed", n, err)
 	}
 }
+
+// The run-time statistics count each program's runs: the allocation
+// programs ran at least once for each allocation made while they were on.
+func TestStatsCountAllocations(t *testing.T) {
+	simtest.RequirePrivileged(t, "eBPF")
+	stats, err := EnableStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stats.Close()
+	p, err := Open("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	lib, err := p.Attach(simtest.Bin(t, "simgpu/libcuda.so.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lib.Detach()
+	m := simtest.NewMachine(t, 1, "4Gi")
+	prog := simtest.StartAllocProg(t, m.Command(simtest.Bin(t, "bpf/cuda-alloc")))
+	defer prog.Quit(t)
+	prog.Do(t, "ctx 0")
+	before, err := p.ProgramStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	const allocs = 20
+	for i := 0; i < allocs; i++ {
+		prog.Do(t, "alloc linear 4096")
+	}
+	after, err := p.ProgramStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"mem_alloc", "mem_alloc_ret"} {
+		runs := after[name].RunCount - before[name].RunCount
+		took := after[name].Runtime - before[name].Runtime
+		if runs < allocs || took <= 0 {
+			t.Errorf("%s: %d runs in %v over %d allocations; want >= %d runs and some run time", name, runs, took, allocs, allocs)
+		}
+	}
+	if n := after["launch"].RunCount - before["launch"].RunCount; n != 0 {
+		t.Errorf("launch ran %d times with no launch probe attached", n)
+	}
+}

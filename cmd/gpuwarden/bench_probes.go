@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"github.com/gpuwarden/gpuwarden/bpf/observe"
 	"github.com/gpuwarden/gpuwarden/bpf/probes"
@@ -23,7 +25,8 @@ func init() { benchSuites["probes"] = benchSuite{order: 20, run: benchProbes} }
 // benchProbes measures what the eBPF probes cost: one probe hit (a launch
 // loop with the launch probe attached for good, against none), and a
 // launch-heavy training loop's throughput with the observer at its default
-// settings against none, interleaved in one run.
+// settings against none, interleaved in one run; then which of the agent's
+// eBPF programs that cost is spent in (programCosts).
 func benchProbes(o benchOptions, stdout io.Writer) error {
 	if os.Geteuid() != 0 {
 		return errors.New("needs root: it loads eBPF programs and attaches uprobes")
@@ -131,6 +134,45 @@ func benchProbes(o benchOptions, stdout io.Writer) error {
 	fmt.Fprintf(stdout, "BENCH probes_launch_cpu_per_step_on_us %.3f us\n", median(cpuOn))
 	fmt.Fprintf(stdout, "BENCH probes_launch_cpu_per_step_off_us %.3f us\n", median(cpuOff))
 	fmt.Fprintf(stdout, "BENCH probes_launch_cpu_throughput_ratio %.4f ratio\n", median(cpuOff)/median(cpuOn))
+	// Which program the cost above is spent in: one more observed run of
+	// the same loop, alone, with the kernel's run-time statistics on (they
+	// add two clock reads to every program run, so the runs above go
+	// without them).
+	return programCosts(obs.Probes(), m, args, stdout)
+}
+
+// programCosts runs the training loop once, observed, with eBPF run-time
+// statistics on, and prints each of the agent's programs' runs per second
+// over it and its mean run time. The counts include every run on the
+// machine (the raw tracepoints run for every process), as an agent's would.
+func programCosts(p *probes.Probes, m *simMachine, args []string, stdout io.Writer) error {
+	stats, err := probes.EnableStats()
+	if err != nil {
+		return err
+	}
+	defer stats.Close()
+	before, err := p.ProgramStats()
+	if err != nil {
+		return err
+	}
+	start := time.Now()
+	if _, err := workloadFigureEnv(m, "", "steps_per_sec", args...); err != nil {
+		return fmt.Errorf("training run with eBPF statistics: %w", err)
+	}
+	secs := time.Since(start).Seconds()
+	after, err := p.ProgramStats()
+	if err != nil {
+		return err
+	}
+	for _, name := range slices.Sorted(maps.Keys(after)) {
+		runs := after[name].RunCount - before[name].RunCount
+		var nsPerHit float64
+		if runs > 0 {
+			nsPerHit = float64(after[name].Runtime-before[name].Runtime) / float64(runs)
+		}
+		fmt.Fprintf(stdout, "BENCH probes_prog_%s_hits_per_sec %.3f hits/s\n", name, float64(runs)/secs)
+		fmt.Fprintf(stdout, "BENCH probes_prog_%s_ns_per_hit %.0f ns\n", name, nsPerHit)
+	}
 	return nil
 }
 
