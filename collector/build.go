@@ -80,7 +80,7 @@ type ledger struct {
 	dir     string
 	usage   *controlblock.UsageSnapshot
 	limits  *controlblock.LimitsConfig
-	file    claims.File
+	file    controlblock.FileID
 	refused error // why its cgroup claim was refused
 	// gpus is the GPU (NVML index) of each of the container's CUDA
 	// ordinals; NoGPU where its UUID is not known.

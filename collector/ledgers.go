@@ -6,7 +6,6 @@ import (
 	"sort"
 	"syscall"
 
-	"github.com/gpuwarden/gpuwarden/collector/claims"
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
@@ -71,8 +70,7 @@ func (f *ledgerFiles) readUsage(controlDir, dir string) (*ledger, error) {
 	if err != nil {
 		return nil, err // kept open: it knows whether its file held a ledger before
 	}
-	dev, ino := m.usage.File()
-	l := &ledger{dir: dir, usage: snap, file: claims.File{Dev: dev, Ino: ino}}
+	l := &ledger{dir: dir, usage: snap, file: m.usage.File()}
 	lp := m.limitsPath
 	if ino, ok := inode(lp); !ok {
 		m.closeLimits()

@@ -25,7 +25,7 @@ type refusedLedgers struct {
 type holding struct {
 	pid   int
 	start uint64
-	file  claims.File
+	file  controlblock.FileID
 }
 
 // judgeRefused holds the writers of refused ledgers to account, and no one
@@ -116,7 +116,7 @@ func (j *joiner) writersOf(l *ledger, owner uint64) (holders map[uint64][]agenta
 // reading the maps only of processes not asked about these files before.
 func (j *joiner) readMaps(rejected []*ledger) {
 	rl := &j.c.refused
-	want := map[claims.File]bool{}
+	want := map[controlblock.FileID]bool{}
 	for _, l := range rejected {
 		want[l.file] = true
 	}
@@ -138,7 +138,7 @@ func (j *joiner) readMaps(rejected []*ledger) {
 			if known {
 				continue
 			}
-			mapped, err := claims.Maps(j.c.src.ProcRoot, p.hostPID, want)
+			mapped, err := controlblock.MappedFiles(j.c.src.ProcRoot, p.hostPID, want)
 			if err != nil {
 				continue // gone: asked again if listed again
 			}

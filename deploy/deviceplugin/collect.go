@@ -1,14 +1,12 @@
 package deviceplugin
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -128,23 +126,19 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) ([]string, error) {
 	return removed, errors.Join(errs...)
 }
 
-// mappedBy returns which of the directories' files a live process maps: the
-// interposer maps its usage (and limits) for the life of the process, in
-// whatever mount namespace, and /proc/<pid>/maps names the file by device
-// and inode (procRoot must be of the caller's pid namespace: the host's,
-// under hostPID). A process that is not readable counts as using nothing; one
-// that lists a directory's inode counts, whatever it says its ledger holds.
+// mappedBy returns which of the directories' files a live process maps
+// (controlblock.MappedFiles). A process that is not readable counts as
+// using nothing; one that lists a directory's inode counts, whatever it
+// says its ledger holds.
 func mappedBy(procRoot, controlDir string, names []string) map[string]bool {
-	type fileID struct {
-		major, minor uint32
-		ino          uint64
-	}
-	owner := map[fileID]string{}
+	owner := map[controlblock.FileID]string{}
+	want := map[controlblock.FileID]bool{}
 	for _, name := range names {
 		for _, f := range controlFiles {
 			var st unix.Stat_t
 			if unix.Lstat(filepath.Join(controlDir, name, f), &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
-				owner[fileID{unix.Major(st.Dev), unix.Minor(st.Dev), st.Ino}] = name
+				id := controlblock.FileOf(&st)
+				owner[id], want[id] = name, true
 			}
 		}
 	}
@@ -156,32 +150,14 @@ func mappedBy(procRoot, controlDir string, names []string) map[string]bool {
 	for _, p := range procs {
 		// The agent maps the files of every ledger it reads: its own
 		// mappings say nothing of the container's.
-		if pid, err := strconv.Atoi(p.Name()); err != nil || pid == os.Getpid() {
+		pid, err := strconv.Atoi(p.Name())
+		if err != nil || pid == os.Getpid() {
 			continue
 		}
-		f, err := os.Open(filepath.Join(procRoot, p.Name(), "maps"))
-		if err != nil {
-			continue
+		mapped, _ := controlblock.MappedFiles(procRoot, pid, want)
+		for id := range mapped {
+			used[owner[id]] = true
 		}
-		sc := bufio.NewScanner(f)
-		for sc.Scan() {
-			// "7f2a1c000000-7f2a1c009000 rw-s 00000000 fd:01 1234567 /run/gpuwarden/root/usage"
-			fields := strings.Fields(sc.Text())
-			if len(fields) < 6 || fields[4] == "0" {
-				continue
-			}
-			maj, min, ok := strings.Cut(fields[3], ":")
-			ma, err1 := strconv.ParseUint(maj, 16, 32)
-			mi, err2 := strconv.ParseUint(min, 16, 32)
-			ino, err3 := strconv.ParseUint(fields[4], 10, 64)
-			if !ok || err1 != nil || err2 != nil || err3 != nil {
-				continue
-			}
-			if name, ok := owner[fileID{uint32(ma), uint32(mi), ino}]; ok {
-				used[name] = true
-			}
-		}
-		f.Close()
 	}
 	return used
 }

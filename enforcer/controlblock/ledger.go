@@ -114,9 +114,9 @@ func (l *Ledger) pread(b []byte, off int64) error {
 // Close closes the ledger; it may be read again (it reopens).
 func (l *Ledger) Close() error { return l.close() }
 
-// File is the device and inode of the file last read: what a process that
-// maps the ledger shows in its /proc/PID/maps.
-func (l *Ledger) File() (dev, ino uint64) { return l.dev, l.ino }
+// File is the file last read, as a process that maps the ledger shows it
+// in its /proc/PID/maps.
+func (l *Ledger) File() FileID { return FileID{Dev: l.dev, Ino: l.ino} }
 
 // ReadUsage reads a ledger once: open, read, close.
 func ReadUsage(path string) (*UsageSnapshot, error) {

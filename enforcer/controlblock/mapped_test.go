@@ -1,4 +1,4 @@
-package claims
+package controlblock
 
 import (
 	"os"
@@ -7,9 +7,9 @@ import (
 	"testing"
 )
 
-// Maps finds a file this process maps, by device and inode, and not one it
+// MappedFiles finds a file this process maps, by device and inode, and not one it
 // does not.
-func TestMaps(t *testing.T) {
+func TestMappedFiles(t *testing.T) {
 	dir := t.TempDir()
 	mapped, other := filepath.Join(dir, "usage"), filepath.Join(dir, "other")
 	for _, p := range []string{mapped, other} {
@@ -27,22 +27,22 @@ func TestMaps(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer syscall.Munmap(mem)
-	fileOf := func(p string) File {
+	fileOf := func(p string) FileID {
 		var st syscall.Stat_t
 		if err := syscall.Stat(p, &st); err != nil {
 			t.Fatal(err)
 		}
-		return File{Dev: st.Dev, Ino: st.Ino}
+		return FileID{Dev: st.Dev, Ino: st.Ino}
 	}
-	want := map[File]bool{fileOf(mapped): true, fileOf(other): true}
-	got, err := Maps("/proc", os.Getpid(), want)
+	want := map[FileID]bool{fileOf(mapped): true, fileOf(other): true}
+	got, err := MappedFiles("/proc", os.Getpid(), want)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !got[fileOf(mapped)] || got[fileOf(other)] || len(got) != 1 {
-		t.Errorf("Maps = %v; want only %v", got, fileOf(mapped))
+		t.Errorf("MappedFiles = %v; want only %v", got, fileOf(mapped))
 	}
-	if _, err := Maps("/proc", 1<<30, want); err == nil {
-		t.Error("Maps of no process gave no error")
+	if _, err := MappedFiles("/proc", 1<<30, want); err == nil {
+		t.Error("MappedFiles of no process gave no error")
 	}
 }
