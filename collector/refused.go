@@ -50,10 +50,11 @@ func (j *joiner) judgeRefused(rejected []*ledger) map[uint64][]agentapi.Breach {
 		return nil
 	}
 	j.readMaps(rejected)
+	paths := j.entryPaths()
 	out := map[uint64][]agentapi.Breach{}
 	logged := map[string]string{}
 	for _, l := range rejected {
-		owner, owned := j.ownerOf(l.dir)
+		owner, owned := j.ownerOf(l.dir, paths)
 		holders, framed := j.writersOf(l, owner)
 		accused := map[uint64]agentapi.Breach{}
 		for cg, ps := range holders {
@@ -68,11 +69,11 @@ func (j *joiner) judgeRefused(rejected []*ledger) map[uint64][]agentapi.Breach {
 		r := agentapi.RefusedLedger{Dir: l.dir, Cgroup: l.usage.CgroupID, Reason: l.refused.Error()}
 		for cg, b := range accused {
 			out[cg] = append(out[cg], b)
-			if !j.hasEntry(cg) {
+			if _, listed := paths[cg]; !listed { // the directory's owner, with no GPU entry
 				j.entry(cg, j.firstGPU(l))
+				paths[cg], _ = j.c.src.Cgroups.Path(cg)
 			}
-			path, _ := j.pathOf(cg)
-			r.Writers = append(r.Writers, path)
+			r.Writers = append(r.Writers, paths[cg])
 		}
 		slices.Sort(r.Writers)
 		j.v.Refused = append(j.v.Refused, r)
@@ -150,10 +151,26 @@ func (j *joiner) readMaps(rejected []*ledger) {
 	rl.maps = kept
 }
 
+// entryPaths is the cgroup path of every container with an entry.
+func (j *joiner) entryPaths() map[uint64]string {
+	paths := map[uint64]string{}
+	for k, e := range j.entries {
+		if e.CgroupPath != "" || paths[k.Cgroup] == "" {
+			paths[k.Cgroup] = e.CgroupPath
+		}
+	}
+	for cg, path := range paths {
+		if path == "" && j.c.src.Cgroups != nil {
+			paths[cg], _ = j.c.src.Cgroups.Path(cg)
+		}
+	}
+	return paths
+}
+
 // ownerOf is the cgroup a control directory belongs to: off Kubernetes,
 // the one its name was made from; on Kubernetes, the container of a GPU
-// entry the kubelet assigned it to.
-func (j *joiner) ownerOf(dir string) (uint64, bool) {
+// entry (paths) the kubelet assigned it to.
+func (j *joiner) ownerOf(dir string, paths map[uint64]string) (uint64, bool) {
 	if j.c.src.Cgroups == nil {
 		return 0, false
 	}
@@ -163,34 +180,13 @@ func (j *joiner) ownerOf(dir string) (uint64, bool) {
 		}
 	}
 	if assigned := j.assigned(); assigned != nil {
-		for k := range j.entries {
-			if path, ok := j.pathOf(k.Cgroup); ok && assigned(dir, path) {
-				return k.Cgroup, true
+		for cg, path := range paths {
+			if path != "" && assigned(dir, path) {
+				return cg, true
 			}
 		}
 	}
 	return 0, false
-}
-
-func (j *joiner) pathOf(cg uint64) (string, bool) {
-	for k, e := range j.entries {
-		if k.Cgroup == cg && e.CgroupPath != "" {
-			return e.CgroupPath, true
-		}
-	}
-	if j.c.src.Cgroups == nil {
-		return "", false
-	}
-	return j.c.src.Cgroups.Path(cg)
-}
-
-func (j *joiner) hasEntry(cg uint64) bool {
-	for k := range j.entries {
-		if k.Cgroup == cg {
-			return true
-		}
-	}
-	return false
 }
 
 // firstGPU is the GPU of a ledger's first CUDA ordinal the node knows.
