@@ -7,20 +7,27 @@ import (
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
 
-// Loading, attaching to simgpu's libcuda and counting one allocation, without
-// the observer around it.
-func TestLoadAttachCount(t *testing.T) {
-	dir := bpftest.PinDir(t)
-	p, err := Open(dir, nil)
+// attachedToSimgpu loads the probes (maps pinned in pinDir; "": none) and
+// attaches them to simgpu's libcuda until the test ends.
+func attachedToSimgpu(t *testing.T, pinDir string) (*Probes, *Library) {
+	t.Helper()
+	p, err := Open(pinDir, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer p.Close()
+	t.Cleanup(func() { p.Close() })
 	lib, err := p.Attach(simtest.Bin(t, "simgpu/libcuda.so.1"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer lib.Detach()
+	t.Cleanup(func() { lib.Detach() }) // before the probes close
+	return p, lib
+}
+
+// Loading, attaching to simgpu's libcuda and counting one allocation, without
+// the observer around it.
+func TestLoadAttachCount(t *testing.T) {
+	p, lib := attachedToSimgpu(t, bpftest.PinDir(t))
 	if len(lib.Missing) > 0 {
 		t.Errorf("simgpu's libcuda lacks %v", lib.Missing)
 	}
@@ -57,16 +64,7 @@ func TestStatsCountAllocations(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stats.Close()
-	p, err := Open("", nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer p.Close()
-	lib, err := p.Attach(simtest.Bin(t, "simgpu/libcuda.so.1"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lib.Detach()
+	p, _ := attachedToSimgpu(t, "")
 	m := simtest.NewMachine(t, 1, "4Gi")
 	prog := simtest.StartAllocProg(t, m.Command(simtest.Bin(t, "bpf/cuda-alloc")))
 	defer prog.Quit(t)

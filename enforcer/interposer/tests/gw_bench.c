@@ -62,6 +62,17 @@ static int launches(CUfunction fn, CUstream st, long n, int locked, double *ns) 
     return 0;
 }
 
+/* capturing loads the bench kernel and starts a stream capturing: a launch
+ * into it costs the host side alone, on simgpu and NVIDIA's driver alike. */
+static int capturing(CUfunction *fn, CUstream *st) {
+    CUmodule mod;
+    CHECK(cuModuleLoadData(&mod, "bench"));
+    CHECK(cuModuleGetFunction(fn, mod, "k"));
+    CHECK(cuStreamCreate(st, 0));
+    CHECK(cuStreamBeginCapture_v2(*st, CU_STREAM_CAPTURE_MODE_GLOBAL));
+    return 0;
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -82,16 +93,12 @@ int main(int argc, char **argv) {
     CHECK(cuDevicePrimaryCtxRetain(&ctx, dev));
     CHECK(cuCtxSetCurrent(ctx));
     if (!strcmp(argv[1], "launch")) {
-        CUmodule mod;
         CUfunction fn;
         CUstream st;
         CUgraph g;
-        CHECK(cuModuleLoadData(&mod, "bench"));
-        CHECK(cuModuleGetFunction(&fn, mod, "k"));
-        CHECK(cuStreamCreate(&st, 0));
+        if (capturing(&fn, &st)) return 1;
         unsigned long long zero = 0;
         void *params[] = {&zero};
-        CHECK(cuStreamBeginCapture_v2(st, CU_STREAM_CAPTURE_MODE_GLOBAL));
         for (long i = 0; i < 1000; i++) CHECK(cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, st, params, NULL)); /* warm */
         double t0 = now_ns();
         for (long i = 0; i < n; i++) CHECK(cuLaunchKernel(fn, 1, 1, 1, 1, 1, 1, 0, st, params, NULL));
@@ -101,14 +108,10 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (!strcmp(argv[1], "lockadd")) {
-        CUmodule mod;
         CUfunction fn;
         CUstream st;
         CUgraph g;
-        CHECK(cuModuleLoadData(&mod, "bench"));
-        CHECK(cuModuleGetFunction(&fn, mod, "k"));
-        CHECK(cuStreamCreate(&st, 0));
-        CHECK(cuStreamBeginCapture_v2(st, CU_STREAM_CAPTURE_MODE_GLOBAL));
+        if (capturing(&fn, &st)) return 1;
         double warm, plain, locked, diff[9];
         if (launches(fn, st, 1000, 0, &warm)) return 1;
         for (int r = 0; r < 9; r++) {
