@@ -25,7 +25,7 @@ func deviceDesc(name, help string) *prometheus.Desc {
 	return prometheus.NewDesc(prometheus.BuildFQName(Namespace, "device", name), help, DeviceLabels, nil)
 }
 
-// The metrics of DESIGN.md, defined once here; dashboards and alerts are
+// The metrics the agent serves (docs/metrics.md), defined once here; dashboards and alerts are
 // tested against what the agent really exports.
 var (
 	descMemoryUsed = containerDesc("gpu_memory_used_bytes",

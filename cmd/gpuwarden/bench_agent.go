@@ -25,7 +25,7 @@ func init() { benchSuites["agent"] = benchSuite{order: 40, run: benchAgent} }
 
 const benchContainers = 1000
 
-// The agent's budget at 1,000 containers (DESIGN.md, "Budgets"): a scrape
+// The agent's budget at 1,000 containers (docs/agent.md): a scrape
 // under 100 ms, under 100 MiB resident and under 2% of a core, scraped every
 // 15 s. It holds with the enforcer off and on (on is the default).
 const (

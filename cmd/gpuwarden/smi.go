@@ -22,7 +22,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 )
 
-// defaultAgentURL is where `gpuwarden agent` serves by default (DESIGN.md).
+// defaultAgentURL is where `gpuwarden agent` serves by default (http.listen's default).
 const defaultAgentURL = "http://127.0.0.1:9477"
 
 // runSmi is `gpuwarden smi`: who uses which GPU, per container, as the

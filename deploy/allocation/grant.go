@@ -131,9 +131,9 @@ func sanitize(s string) string {
 	return b.String()
 }
 
-// Env is the environment a container gets for a grant (DESIGN.md's
-// variables). The GPU is the container's only visible device, ordinal 0,
-// so the memory limit is one value. withPreload adds LD_PRELOAD.
+// Env is the environment a container gets for a grant (the interposer's
+// variables). The GPU is the container's only visible device, ordinal 0, so
+// the memory limit is one value. withPreload adds LD_PRELOAD.
 func (g Grant) Env(withPreload bool) map[string]string {
 	env := map[string]string{
 		"GPUWARDEN_CONTROL_DIR":  ContainerControlDir,

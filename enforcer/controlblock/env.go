@@ -9,9 +9,10 @@ import (
 	"github.com/gpuwarden/gpuwarden/enforcer/policy"
 )
 
-// Env is what a container's environment asks of the interposer (DESIGN.md's
-// table). ParseEnv is the Go twin of the interposer's gw_env_parse: the same
-// rules, the same variables named in errors (a test compares the two).
+// Env is what a container's environment asks of the interposer (the table
+// in enforcer/interposer/README.md). ParseEnv is the Go twin of the
+// interposer's gw_env_parse: the same rules, the same variables named in
+// errors (a test compares the two).
 type Env struct {
 	MemLimit     [MaxDevices]uint64 // bytes per device ordinal; 0 = no limit
 	MemSet       bool               // a memory variable was given

@@ -146,7 +146,7 @@ func TestRemoteWorkload(t *testing.T) {
 // remoteOnlyChecks are cuda-check's checks whose result differs remotely,
 // and why. Every other check must pass as it does locally.
 var remoteOnlyChecks = map[string]string{
-	// Managed memory is refused remotely (README.md): its attributes are 0
+	// Managed memory is refused remotely (docs/remote.md): its attributes are 0
 	// and cuMemAllocManaged is CUDA_ERROR_NOT_SUPPORTED.
 	"device/attributes":              "managed memory",
 	"context/destroy-returns-memory": "managed memory",

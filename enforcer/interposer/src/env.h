@@ -1,4 +1,4 @@
-/* The environment a container gives the interposer (DESIGN.md's table),
+/* The environment a container gives the interposer (the table in enforcer/interposer/README.md),
  * parsed by pure functions so that a fuzzer and a Go twin can check them. */
 #ifndef GW_ENV_H
 #define GW_ENV_H

@@ -1,7 +1,7 @@
 // Package config is the agent's configuration: defaults, then a YAML file,
 // then GPUWARDEN_* environment variables, then flags. Every key is defined
 // once, in options, from which the defaults, the environment names and the
-// reference table in the README come.
+// reference table in docs/agent.md come.
 package config
 
 import (
@@ -419,7 +419,7 @@ func (c Config) BreachAction() string {
 	return c.Enforcement.OnBreach
 }
 
-// Reference renders the reference table of every key, for the README.
+// Reference renders the reference table of every key, for docs/agent.md.
 func Reference() string {
 	var b strings.Builder
 	b.WriteString("| key | environment | flag | default | meaning |\n| --- | --- | --- | --- | --- |\n")

@@ -148,9 +148,9 @@ func TestEnvName(t *testing.T) {
 	}
 }
 
-// The README's reference table is the one these definitions generate.
+// docs/agent.md's reference table is the one these definitions generate.
 func TestReadmeReferenceIsCurrent(t *testing.T) {
-	b, err := os.ReadFile("../../../../README.md")
+	b, err := os.ReadFile("../../../../docs/agent.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -158,10 +158,10 @@ func TestReadmeReferenceIsCurrent(t *testing.T) {
 	s := string(b)
 	i, j := strings.Index(s, begin), strings.Index(s, end)
 	if i < 0 || j < i {
-		t.Fatalf("README.md has no %q ... %q section", begin, end)
+		t.Fatalf("docs/agent.md has no %q ... %q section", begin, end)
 	}
 	if got := s[i+len(begin) : j]; got != Reference() {
-		t.Errorf("README.md's configuration table is stale; run `go run ./cmd/gpuwarden agent --print-config-reference` and paste:\n%s", Reference())
+		t.Errorf("docs/agent.md's configuration table is stale; run `go run ./cmd/gpuwarden agent --print-config-reference` and paste:\n%s", Reference())
 	}
 }
 
