@@ -452,6 +452,16 @@ SG_EXPORT CUresult cuStreamBeginCapture_v2(CUstream hStream, CUstreamCaptureMode
     return CUDA_SUCCESS;
 }
 
+SG_EXPORT CUresult cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus) {
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (!captureStatus) return CUDA_ERROR_INVALID_VALUE;
+    struct CUstream_st *st;
+    CUresult rc = sg_stream_resolve(hStream, &st);
+    if (rc) return rc;
+    *captureStatus = st->capturing ? CU_STREAM_CAPTURE_STATUS_ACTIVE : CU_STREAM_CAPTURE_STATUS_NONE;
+    return CUDA_SUCCESS;
+}
+
 static CUresult copy_kernels(const uint64_t *src, size_t n, uint64_t **dst) {
     *dst = malloc((n ? n : 1) * sizeof **dst);
     if (!*dst) return CUDA_ERROR_OUT_OF_MEMORY;

@@ -235,6 +235,12 @@ typedef enum CUstreamCaptureMode_enum {
     CU_STREAM_CAPTURE_MODE_RELAXED = 2
 } CUstreamCaptureMode;
 
+typedef enum CUstreamCaptureStatus_enum {
+    CU_STREAM_CAPTURE_STATUS_NONE = 0,
+    CU_STREAM_CAPTURE_STATUS_ACTIVE = 1,
+    CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2
+} CUstreamCaptureStatus;
+
 typedef enum CUdriverProcAddress_flags_enum {
     CU_GET_PROC_ADDRESS_DEFAULT = 0,
     CU_GET_PROC_ADDRESS_LEGACY_STREAM = 1 << 0,
@@ -367,6 +373,11 @@ SIMGPU_CUDA_API(SIMGPU_DECLARE)
 /* A kernel's parameter layout (CUDA 12.4). */
 CUresult CUDAAPI cuFuncGetParamInfo(CUfunction func, size_t paramIndex, size_t *paramOffset,
                                     size_t *paramSize);
+
+/* Whether a stream is capturing: exported for the interposer's completion
+ * marks (found by dlsym), not in the list above that gpuwarden's remote
+ * client serves. */
+CUresult CUDAAPI cuStreamIsCapturing(CUstream hStream, CUstreamCaptureStatus *captureStatus);
 
 /* cuGraphInstantiate's CUDA 11 form, still exported for old callers. */
 CUresult CUDAAPI cuGraphInstantiate_v2(CUgraphExec *phGraphExec, CUgraph hGraph,

@@ -7,6 +7,7 @@
  *            [--batch 32] [--device 0] [--resolve direct|procaddr] [--graph]
  *            [--sync-every-launch] [--hold] [--label NAME] [--launch-cost N] [--try-alloc SIZE]
  *            [--start-after S] [--also-device D [--also-kernels N]] [--hold-after]
+ *            [--uneven] [--host-ns N]
  *
  * --try-alloc asks for SIZE more after --alloc and goes on whether or not it
  * gets it, printing "try-alloc <result>": an over-quota attempt. --start-after
@@ -16,6 +17,10 @@
  * stream of its own, made current for them. --hold-after prints "done
  * launches=<on --device> also=<on --also-device>" after the loop and waits
  * to be killed, so the process (and its slot) outlives the loop.
+ *
+ * --uneven and --host-ns shape a step as a training step is: kernels of
+ * uneven lengths (a fixed cycle from a quarter to twice --kernel-ns, the
+ * mean --kernel-ns) and N ns of host work (a spin) before each launch.
  */
 #define _GNU_SOURCE /* RUSAGE_THREAD */
 #include <dlfcn.h>
@@ -114,6 +119,13 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
 }
 
+/* spin_ns busies the host for ns, as a framework's per-operator work does. */
+static void spin_ns(long ns) {
+    double until = now_s() + (double)ns / 1e9;
+    while (now_s() < until) {
+    }
+}
+
 static unsigned long long parse_size(const char *s) {
     char *end;
     unsigned long long v = strtoull(s, &end, 10);
@@ -131,7 +143,8 @@ int main(int argc, char **argv) {
     unsigned long long alloc = 0, kernel_ns = 100000, try_alloc = 0;
     long steps = 0, kernels = 8, batch = 32, launch_cost = 0;
     double seconds = 0, start_after = 0;
-    int device = 0, graph = 0, sync_each = 0, hold = 0, also_device = -1, hold_after = 0;
+    int device = 0, graph = 0, sync_each = 0, hold = 0, also_device = -1, hold_after = 0, uneven = 0;
+    long host_ns = 0;
     long also_kernels = -1;
     const char *resolve = "direct", *label = "workload";
     for (int i = 1; i < argc; i++) {
@@ -151,6 +164,8 @@ int main(int argc, char **argv) {
         else if (OPT("--start-after")) start_after = atof(v);
         else if (OPT("--also-device")) also_device = atoi(v);
         else if (OPT("--also-kernels")) also_kernels = atol(v);
+        else if (OPT("--host-ns")) host_ns = atol(v);
+        else if (!strcmp(a, "--uneven")) uneven = 1;
         else if (!strcmp(a, "--graph")) graph = 1;
         else if (!strcmp(a, "--sync-every-launch")) sync_each = 1;
         else if (!strcmp(a, "--hold")) hold = 1;
@@ -228,12 +243,20 @@ int main(int argc, char **argv) {
         return 0;
     }
 
-    void *params[] = {&kernel_ns};
+    /* A step's kernel lengths: all --kernel-ns, or (--uneven) a cycle of
+     * eighths of it with mean 1. */
+    static const unsigned long long eighths[] = {2, 4, 14, 4, 16, 6, 12, 6};
+    unsigned long long kernel_len = kernel_ns;
+    void *params[] = {&kernel_len};
+#define KERNEL_LEN(k) (uneven ? kernel_ns * eighths[(k) % 8] / 8 : kernel_ns)
     CUgraphExec exec = NULL;
     if (graph) {
         CUgraph g;
         CHECK(cu.cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_GLOBAL));
-        for (long k = 0; k < kernels; k++) CHECK(cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, stream, params, NULL));
+        for (long k = 0; k < kernels; k++) {
+            kernel_len = KERNEL_LEN(k);
+            CHECK(cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, stream, params, NULL));
+        }
         CHECK(cu.cuStreamEndCapture(stream, &g));
         CHECK(cu.cuGraphInstantiateWithFlags(&exec, g, 0));
     }
@@ -252,12 +275,15 @@ int main(int argc, char **argv) {
             launched++;
         } else {
             for (long k = 0; k < kernels; k++) {
+                if (host_ns) spin_ns(host_ns);
+                kernel_len = KERNEL_LEN(k);
                 CHECK(cu.cuLaunchKernel(fn, 1, 1, 1, 32, 1, 1, 0, stream, params, NULL));
                 launched++;
                 if (sync_each) CHECK(cu.cuStreamSynchronize(stream));
             }
         }
         if (also_ctx) {
+            kernel_len = kernel_ns;
             CHECK(cu.cuCtxSetCurrent(also_ctx));
             for (long k = 0; k < also_kernels; k++) {
                 CHECK(cu.cuLaunchKernel(also_fn, 1, 1, 1, 32, 1, 1, 0, also_stream, params, NULL));
