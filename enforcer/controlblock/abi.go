@@ -11,7 +11,7 @@ import "unsafe"
 // ABI constants, as gpuwarden_abi.h defines them.
 const (
 	ABIMajor      = 1
-	ABIMinor      = 2 // 1: launches and throttled time per device; 2: device mismatches
+	ABIMinor      = 3 // 1: launches and throttled time per device; 2: device mismatches; 3: completion marks
 	MaxDevices    = 16
 	MaxSlots      = 128
 	CgroupPathMax = 512
@@ -109,9 +109,14 @@ type Usage struct {
 	ThrottledNsDev [MaxDevices]uint64 `c:"throttled_ns_dev"`
 	// Minor 2: gated launches whose device, as the interposer kept it from
 	// the context hooks, differed from the driver's when checked.
-	DevMismatches uint64         `c:"dev_mismatches"`
-	Reserved      [2488]byte     `c:"reserved"`
-	Slots         [MaxSlots]Slot `c:"slots"`
+	DevMismatches uint64   `c:"dev_mismatches"`
+	Pad2          [56]byte `c:"pad2"`
+	// Minor 3: each device's latest completion mark (UsageFile.Mark).
+	MarkRecNs  [MaxDevices]uint64 `c:"mark_rec_ns"`
+	MarkDoneNs [MaxDevices]uint64 `c:"mark_done_ns"`
+	MarkTicket [MaxDevices]uint64 `c:"mark_ticket"`
+	Reserved   [2048]byte         `c:"reserved"`
+	Slots      [MaxSlots]Slot     `c:"slots"`
 }
 
 // Sizes of the files.

@@ -203,8 +203,9 @@ func (f *LimitsFile) Generation() uint64 { return atomic.LoadUint64(&f.l.Generat
 // Grant returns device dev's grant.
 func (f *LimitsFile) Grant(dev int) uint64 { return atomic.LoadUint64(&f.l.Gate[dev].Grant) }
 
-// RaiseGrant lets launches with tickets up to grant run on device dev (a
-// grant never goes down) and wakes the launches waiting for it.
+// RaiseGrant lets launches with tickets up to grant run on device dev (it
+// never lowers the grant: CloseGrant does) and wakes the launches waiting
+// for it.
 func (f *LimitsFile) RaiseGrant(dev int, grant uint64) error {
 	if dev < 0 || dev >= MaxDevices {
 		return errors.New("raise grant: no such device")
@@ -218,6 +219,23 @@ func (f *LimitsFile) RaiseGrant(dev int, grant uint64) error {
 	}
 	atomic.AddUint32(&g.Wake, 1)
 	return futexWake(&g.Wake)
+}
+
+// CloseGrant takes back device dev's grant beyond the tickets taken so far
+// (issued): launches from the next ticket on wait, so released work left
+// unused at the end of a time slice cannot run in another container's. It
+// never raises the grant: launches already waiting keep waiting.
+func (f *LimitsFile) CloseGrant(dev int, issued uint64) error {
+	if dev < 0 || dev >= MaxDevices {
+		return errors.New("close grant: no such device")
+	}
+	g := &f.l.Gate[dev]
+	for {
+		cur := atomic.LoadUint64(&g.Grant)
+		if issued >= cur || atomic.CompareAndSwapUint64(&g.Grant, cur, issued) {
+			return nil
+		}
+	}
 }
 
 // Heartbeat tells the interposers the agent is alive; a gate whose agent is

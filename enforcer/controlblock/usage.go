@@ -341,3 +341,22 @@ func recoverFault() {
 
 // Close unmaps and closes the ledger.
 func (f *UsageFile) Close() error { return f.close() }
+
+// Mark reads device dev's latest completion mark (minor 3; none in older
+// ledgers) if it speaks for every ticket up to ticket: done is when the
+// work launched before it was seen run, 0 while pending; ok is false when
+// there is no such mark. Unvalidated beyond order (a mark done before it
+// was recorded is none): the caller bounds done by its own clock.
+func (f *UsageFile) Mark(dev int, ticket uint64) (done uint64, ok bool) {
+	recAt := counter(unsafe.Offsetof(Usage{}.MarkRecNs), dev)
+	rec := f.load(recAt)
+	done = f.load(counter(unsafe.Offsetof(Usage{}.MarkDoneNs), dev))
+	t := f.load(counter(unsafe.Offsetof(Usage{}.MarkTicket), dev))
+	if rec == 0 || t < ticket || (done != 0 && done < rec) {
+		return 0, false
+	}
+	if f.load(recAt) != rec { // a new mark, recorded between the loads: pending
+		return 0, true
+	}
+	return done, true
+}

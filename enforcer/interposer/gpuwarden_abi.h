@@ -26,6 +26,10 @@
  *
  * Minor 2: usage.dev_mismatches, the interposer's check of the device it
  * keeps for each thread's current context against the driver's.
+ *
+ * Minor 3: usage.mark_rec_ns and usage.mark_done_ns, completion marks:
+ * when the work launched before a closed gate has run (the agent's clock
+ * for a time slice).
  */
 #ifndef GPUWARDEN_ABI_H
 #define GPUWARDEN_ABI_H
@@ -35,7 +39,7 @@
 #include <stdint.h>
 
 #define GW_ABI_MAJOR 1
-#define GW_ABI_MINOR 2
+#define GW_ABI_MINOR 3
 
 #define GW_MAX_DEVICES 16  /* device ordinals as the container's processes see them */
 #define GW_MAX_SLOTS 128   /* processes per container using the GPU at once */
@@ -48,8 +52,11 @@
 #define GW_DEFAULT_GRACE_NS 10000000000ull         /* an agent silent this long lifts the gate */
 
 /* One device's launch gate, on a cache line of its own. The agent raises
- * grant (monotonically) and then bumps wake and FUTEX_WAKEs it; a launch
- * holding ticket t (from usage.launches_issued) runs once t <= grant. */
+ * grant and then bumps wake and FUTEX_WAKEs it; a launch holding ticket t
+ * (from usage.launches_issued) runs once t <= grant. At the end of the
+ * container's time slice the agent lowers grant to the tickets taken, so
+ * that what it released and was not used waits for the next slice (a
+ * launch that took its ticket just before may still pass). */
 struct gw_gate {
     _Atomic uint64_t grant;   /* launches allowed on this device, container-wide, since usage was created */
     _Atomic uint32_t wake;    /* futex word: +1 after every grant change */
@@ -135,7 +142,20 @@ struct gw_usage {
      * launch in 1024): a context made current by a path the hooks did not
      * see. 0 in a sound process. */
     _Atomic uint64_t dev_mismatches;
-    uint8_t reserved[2488];
+    uint8_t pad2[56];
+    /* minor 3: the latest completion mark of each device's gate: the work
+     * of tickets up to mark_ticket has run by mark_done_ns. A launch that
+     * waits at the gate with ticket t first records an event on its
+     * stream, at mark_rec_ns (CLOCK_MONOTONIC), with mark_ticket t - 1; once
+     * the work launched there before it has run, the time it was seen done
+     * is mark_done_ns (0 until then); a launch that passes before then
+     * withdraws its mark (mark_rec_ns 0). A synchronize that returns marks
+     * its device done at once, with mark_ticket the tickets taken by then.
+     * The latest mark of any process wins. Untrusted: the agent bounds it. */
+    _Atomic uint64_t mark_rec_ns[GW_MAX_DEVICES];
+    _Atomic uint64_t mark_done_ns[GW_MAX_DEVICES];
+    _Atomic uint64_t mark_ticket[GW_MAX_DEVICES];
+    uint8_t reserved[2048];
     struct gw_slot slots[GW_MAX_SLOTS];
 };
 
@@ -150,7 +170,8 @@ _Static_assert(offsetof(struct gw_usage, launches_dev) % 64 == 0, "gw_usage.laun
 _Static_assert(offsetof(struct gw_usage, throttled_ns_dev) % 64 == 0, "gw_usage.throttled_ns_dev: own cache lines");
 _Static_assert(sizeof(((struct gw_usage *)0)->launches_dev) % 64 == 0, "gw_usage.launches_dev: whole cache lines");
 _Static_assert(offsetof(struct gw_usage, dev_mismatches) == 1600, "gw_usage.dev_mismatches");
-_Static_assert(offsetof(struct gw_usage, reserved) == 1608, "gw_usage.reserved");
+_Static_assert(offsetof(struct gw_usage, mark_rec_ns) == 1664, "gw_usage.mark_rec_ns");
+_Static_assert(offsetof(struct gw_usage, reserved) == 2048, "gw_usage.reserved");
 _Static_assert(offsetof(struct gw_usage, slots) == 4096, "gw_usage.slots");
 _Static_assert(sizeof(struct gw_usage) == 4096 + GW_MAX_SLOTS * 256, "gw_usage");
 

@@ -48,11 +48,13 @@ static struct gw_slot *our_slot(void) {
     return s && !closed && atomic_load(&s->pid) == getpid() ? s : NULL;
 }
 
-/* thread_exit sums an exiting thread's cell and keeps it for another
- * thread. A launch after this (from a later key destructor) gets a cell
+/* thread_exit destroys an exiting thread's mark events, sums its cell
+ * and keeps it for another thread. A launch after this (from a later key destructor) gets a cell
  * anew. */
 static void thread_exit(void *p) {
     struct gw_cell *c = p;
+    for (int d = 0; d < GW_MAX_DEVICES; d++)
+        if (c->mark_ev[d]) gw_be.cuEventDestroy_v2(c->mark_ev[d]);
     pthread_mutex_lock(&cells_mu);
     struct gw_slot *s = our_slot();
     if (s) sum(c, s);

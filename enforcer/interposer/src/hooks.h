@@ -51,6 +51,10 @@
       (CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAllocationHandle handle,           \
        unsigned long long flags))                                                                  \
     X(CUresult, cuMemUnmap, (CUdeviceptr ptr, size_t size))                                        \
+    X(CUresult, cuCtxSynchronize, (void))                                                          \
+    X(CUresult, cuStreamSynchronize, (CUstream hStream))                                           \
+    X(CUresult, cuStreamSynchronize_ptsz, (CUstream hStream))                                      \
+    X(CUresult, cuEventSynchronize, (CUevent hEvent))                                              \
     X(CUresult, cuLaunchKernel, GW_LAUNCH_PARAMS)                                                  \
     X(CUresult, cuLaunchKernel_ptsz, GW_LAUNCH_PARAMS)                                             \
     X(CUresult, cuLaunchKernelEx,                                                                  \
@@ -85,9 +89,8 @@
     X(CUresult, cuEventCreate, (CUevent * phEvent, unsigned int Flags))                            \
     X(CUresult, cuEventRecord, (CUevent hEvent, CUstream hStream))                                 \
     X(CUresult, cuEventQuery, (CUevent hEvent))                                                    \
-    X(CUresult, cuEventSynchronize, (CUevent hEvent))                                              \
     X(CUresult, cuEventDestroy_v2, (CUevent hEvent))                                               \
-    X(CUresult, cuStreamSynchronize, (CUstream hStream))
+    X(CUresult, cuStreamIsCapturing, (CUstream hStream, CUstreamCaptureStatus * captureStatus))
 
 #define GW_NVML_HOOKS(X)                                                                           \
     X(nvmlReturn_t, nvmlDeviceGetMemoryInfo, (nvmlDevice_t device, nvmlMemory_t * memory))         \

@@ -113,6 +113,7 @@ struct gw_cell {
     _Atomic uint64_t launches;               /* written by its thread only */
     _Atomic uint64_t placed[GW_MAX_DEVICES]; /* of those, by the device they ran on (gated launches) */
     uint64_t summed, summed_placed[GW_MAX_DEVICES]; /* what the ledger holds of them; under the cells' lock */
+    CUevent mark_ev[GW_MAX_DEVICES]; /* its completion marks' events (marks.c) */
     struct gw_cell *next;
 };
 extern __thread struct gw_cell *gw_my_cell __attribute__((tls_model("initial-exec")));
@@ -141,8 +142,20 @@ struct gw_cur {
 extern __thread struct gw_cur gw_cur __attribute__((tls_model("initial-exec")));
 extern _Atomic int gw_ndev_visible; /* devices this process sees (cuDeviceGetCount at cuInit), 0 unknown */
 
+/* marks.c: completion marks, recorded by a launch that waits at a gate */
+struct gw_mark {
+    CUevent ev;   /* NULL: no mark pending */
+    int dev;
+    uint64_t rec; /* when it was recorded */
+};
+#define GW_MARK_POLL_NS 200000ull /* a pending mark is polled this often while its launch waits */
+void gw_mark_record(struct gw_mark *m, int dev, CUstream s, uint64_t ticket); /* ticket: the waiting launch's */
+void gw_mark_poll(struct gw_mark *m);
+void gw_mark_cancel(struct gw_mark *m); /* the launch passes with its mark still pending */
+
 /* launch.c */
-CUresult gw_gate_wait(void);
+CUresult gw_gate_wait(CUstream s);
+int gw_thread_dev(void); /* the device of this thread's current context, -1 none */
 
 /* time */
 uint64_t gw_now_ns(void); /* CLOCK_MONOTONIC */

@@ -60,14 +60,14 @@ static void count_placed(_Atomic uint64_t *dev_counter, _Atomic uint64_t *slot_c
     atomic_fetch_add_explicit(slot_counter, n, memory_order_relaxed);
 }
 
-/* launch_dev is the device of this thread's current context, -1 none.
+/* gw_thread_dev is the device of this thread's current context, -1 none.
  * With one visible device it can only be that one. Otherwise it is what the
  * context hooks left in gw_cur, checked against the driver once every
  * GW_DEV_CHECK_EVERY gated launches: a context made current behind the
  * hooks' back (a path that bypasses them) is counted in the ledger
  * (usage.dev_mismatches, minor 2) and the driver's answer taken. */
 #define GW_DEV_CHECK_EVERY 1024
-static int launch_dev(void) {
+int gw_thread_dev(void) {
     if (atomic_load_explicit(&gw_ndev_visible, memory_order_relaxed) == 1) return 0;
     struct gw_cur *c = &gw_cur;
     if (GW_LIKELY(c->dev != GW_DEV_ASK && c->left)) {
@@ -87,10 +87,11 @@ static int launch_dev(void) {
  * there and waits until the agent's grant covers it, the gate is lifted, or
  * the agent falls silent: then until the grant, reckoned on at the agent's
  * last pace from its last beat, covers it, or the grace period since that
- * beat is over. */
-__attribute__((noinline)) CUresult gw_gate_wait(void) {
+ * beat is over. A launch that waits leaves a completion mark for the work
+ * before it on its stream s (marks.c). */
+__attribute__((noinline)) CUresult gw_gate_wait(CUstream s) {
     struct gw_limits *l = atomic_load_explicit(&gw_limits, memory_order_acquire);
-    int dev = launch_dev();
+    int dev = gw_thread_dev();
     if (!l || dev < 0 || dev >= GW_MAX_DEVICES) return CUDA_SUCCESS;
     struct gw_slot *me = atomic_load(&gw_slot);
     struct gw_cell *cell = gw_my_cell;
@@ -109,8 +110,11 @@ __attribute__((noinline)) CUresult gw_gate_wait(void) {
         if (ticket <= grant) return CUDA_SUCCESS;
     }
     uint64_t start = gw_now_ns();
+    struct gw_mark mark;
+    gw_mark_record(&mark, dev, s, ticket);
     for (;;) {
         uint32_t w = atomic_load(&g->wake);
+        if (mark.ev) gw_mark_poll(&mark);
         gw_limits_check();
         if (!(atomic_load(&gw_snap_gate_mask) & bit)) break; /* the gate was lifted */
         uint64_t grant, beat, bad = atomic_load_explicit(&gw_limits_bad_since, memory_order_relaxed);
@@ -137,16 +141,18 @@ __attribute__((noinline)) CUresult gw_gate_wait(void) {
             wait = stale - age;
         }
         if (grace - age < wait) wait = grace - age;
+        if (mark.ev && wait > GW_MARK_POLL_NS) wait = GW_MARK_POLL_NS;
         struct timespec ts = {(time_t)(wait / 1000000000ull), (long)(wait % 1000000000ull)};
         syscall(SYS_futex, &g->wake, FUTEX_WAIT, w, &ts, NULL, 0);
     }
+    if (mark.ev) gw_mark_cancel(&mark);
     uint64_t waited = gw_now_ns() - start;
     if (me) atomic_fetch_add(&me->throttled_ns, waited);
     if (gw_usage_per_dev && me) count_placed(&gw_usage->throttled_ns_dev[dev], &me->throttled_placed_ns, waited);
     return CUDA_SUCCESS;
 }
 
-static inline __attribute__((always_inline)) CUresult launch_enter(void) {
+static inline __attribute__((always_inline)) CUresult launch_enter(CUstream s) {
     if (GW_UNLIKELY(atomic_load_explicit(&gw_state, memory_order_acquire) != GW_READY)) {
         CUresult rc = gw_activate();
         if (rc) return rc;
@@ -157,15 +163,17 @@ static inline __attribute__((always_inline)) CUresult launch_enter(void) {
     if (GW_UNLIKELY(!cell)) cell = gw_cell_new();
     if (GW_LIKELY(cell)) gw_count_add(&cell->launches, 1);
     else atomic_fetch_add(&atomic_load_explicit(&gw_slot, memory_order_relaxed)->launches, 1);
-    if (GW_UNLIKELY(atomic_load_explicit(&gw_snap_gate_mask, memory_order_relaxed))) gw_gate_wait();
+    if (GW_UNLIKELY(atomic_load_explicit(&gw_snap_gate_mask, memory_order_relaxed))) gw_gate_wait(s);
     return CUDA_SUCCESS;
 }
 
-#define LAUNCH_HOOK(name, params, args)                                                            \
+/* stream is the launch's stream, for its completion mark: a _ptsz
+ * variant's default stream is the thread's own. */
+#define LAUNCH_HOOK(name, params, args, stream)                                                    \
     GW_EXPORT CUresult name params {                                                               \
         const int outer = gw_in_hook;                                                              \
         if (GW_DRIVER_REENTRY(outer)) return gw_be.name args;                                      \
-        CUresult rc = launch_enter();                                                              \
+        CUresult rc = launch_enter(stream);                                                          \
         if (GW_UNLIKELY(rc)) return rc;                                                            \
         if (GW_UNLIKELY(!gw_be.name)) return CUDA_ERROR_NOT_FOUND;                                 \
         gw_in_hook = 1;                                                                            \
@@ -177,13 +185,16 @@ static inline __attribute__((always_inline)) CUresult launch_enter(void) {
 #define KARGS (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra)
 #define CARGS (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams)
 
-LAUNCH_HOOK(cuLaunchKernel, GW_LAUNCH_PARAMS, KARGS)
-LAUNCH_HOOK(cuLaunchKernel_ptsz, GW_LAUNCH_PARAMS, KARGS)
-LAUNCH_HOOK(cuLaunchCooperativeKernel, GW_COOP_PARAMS, CARGS)
-LAUNCH_HOOK(cuLaunchCooperativeKernel_ptsz, GW_COOP_PARAMS, CARGS)
+#define PTSZ(s) ((s) ? (s) : CU_STREAM_PER_THREAD)
+#define EX_STREAM (config ? config->hStream : NULL)
+
+LAUNCH_HOOK(cuLaunchKernel, GW_LAUNCH_PARAMS, KARGS, hStream)
+LAUNCH_HOOK(cuLaunchKernel_ptsz, GW_LAUNCH_PARAMS, KARGS, PTSZ(hStream))
+LAUNCH_HOOK(cuLaunchCooperativeKernel, GW_COOP_PARAMS, CARGS, hStream)
+LAUNCH_HOOK(cuLaunchCooperativeKernel_ptsz, GW_COOP_PARAMS, CARGS, PTSZ(hStream))
 LAUNCH_HOOK(cuLaunchKernelEx, (const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra),
-            (config, f, kernelParams, extra))
+            (config, f, kernelParams, extra), EX_STREAM)
 LAUNCH_HOOK(cuLaunchKernelEx_ptsz, (const CUlaunchConfig *config, CUfunction f, void **kernelParams, void **extra),
-            (config, f, kernelParams, extra))
-LAUNCH_HOOK(cuGraphLaunch, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream))
-LAUNCH_HOOK(cuGraphLaunch_ptsz, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream))
+            (config, f, kernelParams, extra), PTSZ(EX_STREAM))
+LAUNCH_HOOK(cuGraphLaunch, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream), hStream)
+LAUNCH_HOOK(cuGraphLaunch_ptsz, (CUgraphExec hGraphExec, CUstream hStream), (hGraphExec, hStream), PTSZ(hStream))
