@@ -4,6 +4,7 @@ import (
 	"math"
 	"time"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/enforcer/policy"
 )
 
@@ -11,17 +12,26 @@ const (
 	// Before a container's device time per ticket is measured, a slice
 	// gives it at most probe tickets, starting at probeStart and doubling
 	// each slice it uses them all (a slow start), at an assumed small cost:
-	// short kernels are not held to a trickle (which NVML's whole percents
-	// could not even measure) and long ones do not get seconds of work.
+	// short kernels are not held to a trickle and long ones do not get
+	// seconds of work.
 	priorCostNs = float64(50 * time.Microsecond)
 	probeStart  = 8
-	costTau     = 5 * time.Second        // window of the cost estimate
-	shareTau    = time.Second            // window of the achieved share
-	busyHold    = 300 * time.Millisecond // a container that took a ticket this recently is busy
-	// Charges are trued up to measured device time at most this often (a
-	// longer window when a reading finds no busy time, as NVIDIA's sampled
-	// per-process utilization can).
-	reconcileEvery = 250 * time.Millisecond
+	// The cost estimate moves this far towards each slice's measure, and
+	// never below minCostNs (no kernel costs less device time).
+	costGain  = 0.5
+	minCostNs = float64(time.Microsecond)
+	// A soft borrower may take the device while the owner has at most this
+	// much work yet to run (it synchronizes on it, or computes on the host).
+	borrowBelow  = time.Millisecond
+	starveFactor = 0.8                    // a tick in which the owner starves lowers its estimate this much
+	shareTau     = time.Second            // window of the achieved share
+	busyHold     = 300 * time.Millisecond // a container that took a ticket this recently is busy
+	// A previous owner's work drains for at most this long on the clock
+	// after its gate closed, whatever its completion marks say; while it
+	// does, the loop ticks every drainPoll, to open the next owner's gate
+	// soon after.
+	maxDrain  = 200 * time.Millisecond
+	drainPoll = time.Millisecond
 	// Idle containers are looked at in turns, at least this many a tick
 	// (all of them, on a GPU shared by fewer) and each at least every
 	// Config.IdlePoll: a thousand idle containers do not cost a thousand
@@ -38,12 +48,17 @@ type gpu struct {
 
 	owner        *member
 	sliceStart   time.Time
-	sliceIssued0 uint64  // the owner's tickets when its slice began
-	sliceTook    float64 // device time of the tickets it took in the slice, ns
-	sliceHeld    float64 // wall time it has held the slice, ns
+	sliceIssued0 uint64 // the owner's tickets when its slice began
 	lastTick     time.Time
-	queued       float64       // ns of the previous owner's work that may still run ahead of the owner's
-	sinceRecon   time.Duration // measured time since charges were last trued up
+
+	// The device-time clock, charged up to clockAt. A slice's owner is
+	// charged until its last launched work has run, not until its gate
+	// closed: until then its work drains (draining, since closedAt), the
+	// clock is still its own, and the next owner's gate stays closed.
+	clockAt     time.Time
+	draining    *member
+	closedAt    time.Time
+	closePassed uint64 // the draining member's tickets that passed its gate before it closed
 
 	active  []*member // members looked at every tick: busy, waiting or owning
 	cursor  int       // where the next round of idle polls starts in members
@@ -58,7 +73,8 @@ type member struct {
 
 	lastIssued uint64    // tickets taken, as of the last tick
 	charged    uint64    // tickets already charged to credit
-	lastTake   time.Time // when it last took a ticket
+	lastTake   time.Time // when it last took a ticket, or waited for one
+	lastTicket time.Time // when it last took a ticket
 	waiting    bool      // a launch waits at the gate
 	busy       bool
 	active     bool      // in gpu.active
@@ -68,27 +84,21 @@ type member struct {
 	borrow bool
 	credit float64 // ns of device time it may still use
 
-	cost       float64 // ns of device time per ticket; 0: not measured yet
-	probe      uint64  // tickets per slice while cost is 0
-	sumBusy    float64 // decayed busy ns
-	sumTickets float64 // decayed tickets
-	measIssued uint64  // tickets at the last measurement
-	lastBusy   uint64
-	haveBusy   bool
-	seen       bool   // the source has reported device time for it
-	rewinds    uint64 // times its ledger's tickets went back
-	achieved   float64
+	cost     float64 // ns of device time per ticket (costFromSlice); 0: not measured yet
+	probe    uint64  // tickets per slice while cost is 0
+	slice0   uint64  // its tickets when its latest slice began
+	spent    float64 // clock time charged to its latest slice so far, ns
+	lastBusy uint64
+	haveBusy bool
+	rewinds  uint64 // times its ledger's tickets went back
+	achieved float64
 
-	// Since the last reconciliation: what it was charged on estimates, the
-	// wall time it held slices, and the device time it measurably used.
-	provisional float64
-	held        float64
-	used        float64
+	clockDue float64 // device time the clock charged it since the last tick, ns
 }
 
 func newMember(c *container, dev int, now time.Time) *member {
 	i := c.usage.Issued(dev)
-	return &member{c: c, dev: dev, lastIssued: i, charged: i, measIssued: i, lastTake: now.Add(-busyHold),
+	return &member{c: c, dev: dev, lastIssued: i, charged: i, lastTake: now.Add(-busyHold),
 		probe: probeStart, creditAt: now}
 }
 
@@ -195,73 +205,49 @@ func (m *member) settle(now time.Time, slice float64, cfg Config) {
 	m.accrue(now, 0, slice, slice, cfg)
 }
 
-// measure takes a new reading of busy ns per container, dt after the last.
+// measure takes a new reading of busy ns per container, dt after the
+// last: the achieved share of a GPU whose policy does not gate launches (a
+// gated member's is what the clock charged it, tick).
 func (g *gpu) measure(busy map[string]uint64, dt time.Duration) {
 	if dt <= 0 {
 		return
 	}
-	decay := math.Exp(-float64(dt) / float64(costTau))
 	alpha := 1 - math.Exp(-float64(dt)/float64(shareTau))
 	for _, m := range g.members {
-		b, ok := busy[m.c.key]
-		m.seen = m.seen || ok
-		if !m.haveBusy || b < m.lastBusy { // first reading: the windows start here
-			m.lastBusy, m.measIssued, m.haveBusy = b, m.lastIssued, true
-			m.provisional, m.held, m.used = 0, 0, 0
+		b := busy[m.c.key]
+		if !m.haveBusy || b < m.lastBusy { // first reading: the window starts here
+			m.lastBusy, m.haveBusy = b, true
 			continue
 		}
-		db, di := float64(b-m.lastBusy), float64(m.lastIssued-m.measIssued)
-		m.lastBusy, m.measIssued = b, m.lastIssued
-		m.sumBusy = m.sumBusy*decay + db
-		m.sumTickets = m.sumTickets*decay + di
-		if m.sumTickets >= 4 && m.sumBusy > 0 {
-			m.cost = m.sumBusy / m.sumTickets
+		db := float64(b - m.lastBusy)
+		m.lastBusy = b
+		if !g.eff.Gated() {
+			m.achieved += (min(db/float64(dt), 1) - m.achieved) * alpha
 		}
-		m.achieved += (min(db/float64(dt), 1) - m.achieved) * alpha
-		m.used += db
-	}
-	g.longest = 0
-	for _, m := range g.members {
-		g.longest = max(g.longest, m.costNs())
-	}
-	g.sinceRecon += dt
-	if g.sinceRecon >= reconcileEvery {
-		g.reconcile()
 	}
 }
 
-// reconcile replaces the charges made on estimates since the last call
-// (the owner's wall time, tickets at their estimated cost) with measured
-// device time, so errors in the estimates do not add up: the shares of
-// device time converge on the targets whatever the kernels' length, launch
-// pattern or synchronization. The slices' wall time (held) is what is
-// charged in all; it is split in proportion to the device time each used,
-// so the idle moments of switching are borne in proportion too, and
-// credit earned at wall time is paid back in full.
-func (g *gpu) reconcile() {
-	// A member the source has never reported (it cannot see its processes)
-	// keeps its estimated charges: measuring nothing is not using nothing.
-	measured := func(m *member) bool { return m.haveBusy && m.seen }
-	var held, used float64
-	for _, m := range g.members {
-		if measured(m) {
-			held += m.held
-			used += m.used
+// costFromSlice updates m's device time per ticket from the slice it just
+// ended: the clock time it was charged (start to drained) over the tickets
+// that ran in it. The measure holds whatever the estimate was: one too low
+// released more than the device ran, and the slice lasted until it had run;
+// one too high released less, but a lookahead (more than a tick) at a time,
+// so the device ran more tickets than the estimate allowed for, unless the
+// owner itself left it idle (then the measure is its own pace).
+func (g *gpu) costFromSlice(m *member) {
+	tickets := float64(g.closePassed - min(g.closePassed, m.slice0))
+	if tickets >= 1 && m.spent > 0 {
+		if sample := max(m.spent/tickets, minCostNs); m.cost == 0 {
+			m.cost = sample
+		} else {
+			m.cost += (sample - m.cost) * costGain
 		}
 	}
-	if used <= 0 { // nothing measured (yet): wait for a reading with busy time
-		if g.sinceRecon < 4*reconcileEvery {
-			return
-		}
-		held = 0 // too long: keep the estimates and start a new window
+	m.spent = 0
+	g.longest = 0
+	for _, x := range g.members {
+		g.longest = max(g.longest, x.costNs())
 	}
-	for _, m := range g.members {
-		if measured(m) && held > 0 && used > 0 {
-			m.credit += m.provisional - m.used*held/used
-		}
-		m.provisional, m.held, m.used = 0, 0, 0
-	}
-	g.sinceRecon = 0
 }
 
 // quiet says the GPU can wait longer than a tick: none of its members uses
@@ -278,7 +264,10 @@ func (g *gpu) quiet() bool {
 // behind what the previous owner left on the device).
 func (g *gpu) ownerIdle(now time.Time, cfg Config) bool {
 	m := g.owner
-	after := cfg.Lookahead + 2*cfg.Tick + time.Duration(2*m.costNs()+g.queued)
+	after := cfg.Lookahead + 2*cfg.Tick + time.Duration(2*m.costNs())
+	if g.draining != nil {
+		after += now.Sub(g.closedAt)
+	}
 	return !m.waiting && now.Sub(m.lastTake) > min(after, 200*time.Millisecond)
 }
 
@@ -287,11 +276,14 @@ func (g *gpu) ownerIdle(now time.Time, cfg Config) bool {
 func (g *gpu) observe(m *member, now time.Time) bool {
 	issued, grant := m.c.usage.Issued(m.dev), m.c.limits.Grant(m.dev)
 	if issued < m.lastIssued { // a forged (or reset) ledger: start counting again
-		m.lastIssued, m.charged, m.measIssued = issued, issued, issued
+		m.lastIssued, m.charged = issued, issued
 		m.rewinds++
 	}
 	// A ticket counts as taken when its launch passes the gate: a launch
 	// that waited since long ago has only now begun.
+	if issued > m.lastIssued {
+		m.lastTicket = now
+	}
 	if issued > m.lastIssued || m.waiting {
 		m.lastTake = now
 	}
@@ -366,22 +358,27 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 		return
 	}
 
-	// Credit: earned at the target share of wall time. The owner pays the
-	// wall time it holds the device (a time slice), and at the slice's end
-	// for what it took beyond it (work that runs into the next slice);
-	// others pay for tickets they take outside a slice.
+	// Credit: earned at the target share of wall time. The clock's member
+	// pays the wall time it holds the device (a time slice, until its work
+	// has run); others pay for tickets they take outside a slice.
 	slice := g.sliceLen(cfg)
+	g.runClock(now, cfg)
+	alpha := 1 - math.Exp(-dt/float64(shareTau))
 	for _, m := range g.active {
-		took := float64(m.lastIssued-m.charged) * m.costNs()
-		m.charged = m.lastIssued
+		// Tickets that passed its gate (not those that wait: they run, and
+		// are charged, in its slice).
+		passed := m.passed()
+		took := float64(passed-min(passed, m.charged)) * m.costNs()
+		m.charged = max(m.charged, passed)
 		charge := took
-		if m == g.owner {
-			charge = dt
-			g.sliceTook += took
-			g.sliceHeld += dt
-			m.held += dt
+		if m == g.owner || m == g.draining {
+			charge = 0
 		}
-		m.provisional += charge
+		charge += m.clockDue
+		if dt > 0 {
+			m.achieved += (min(m.clockDue/dt, 1) - m.achieved) * alpha
+		}
+		m.clockDue = 0
 		hi := slice
 		if m.busy {
 			hi = slice * float64(len(g.members)+1)
@@ -412,11 +409,15 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 	if g.owner == nil {
 		return
 	}
+	g.starve(g.owner)
 	g.release(g.owner, now, cfg)
 	// Soft: while the owner leaves the device idle (it does not wait at its
-	// gate), the waiting container that may borrow with the most credit
-	// does, paying for the tickets it takes.
-	if o := g.owner; !o.waiting {
+	// gate, and its completion marks say at most borrowBelow of its work
+	// has yet to run; without marks, not waiting is taken as idle), the
+	// waiting container that may borrow with the most credit does, paying
+	// for the tickets it takes.
+	o = g.owner
+	if !o.waiting && (!o.c.marks || o.nearlyRun(borrowBelow)) {
 		var b *member
 		for _, m := range g.active {
 			if m != o && m.borrow && m.waiting && (b == nil || m.credit > b.credit) {
@@ -424,7 +425,9 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 			}
 		}
 		if b != nil {
-			want := b.lastIssued + uint64(max(1, math.Ceil(float64(cfg.Lookahead)/b.costNs())))
+			// Little at a time (borrowBelow): the owner's next launch runs
+			// after what was lent.
+			want := b.lastIssued + uint64(max(1, math.Ceil(float64(borrowBelow)/b.costNs())))
 			if b.cost == 0 {
 				want = min(want, b.lastIssued+b.probe)
 			}
@@ -467,31 +470,175 @@ func (g *gpu) pick(cur *member, now time.Time, cfg Config) *member {
 
 func (g *gpu) begin(m *member, now time.Time, cfg Config) {
 	if o := g.owner; o != nil {
-		// Work taken beyond the slice by more than a ticket (long kernels)
-		// runs in the next one: it is paid for. Within a ticket it is not:
-		// the estimate of cost is a few percent off either way, and every
-		// owner leaves about that much.
-		if ex := g.sliceTook - g.sliceHeld - o.costNs(); ex > 0 {
-			o.credit -= ex
-			o.provisional += ex
-		}
 		if o.cost == 0 && o.lastIssued >= g.sliceIssued0+o.probe && o.probe < 1<<20 {
 			o.probe *= 2
 		}
-	}
-	g.sliceTook, g.sliceHeld, g.queued = 0, 0, 0
-	if o := g.owner; o != nil && o != m {
-		g.queued = float64(cfg.Lookahead) + o.costNs()
+		if o != m {
+			g.close(o, now)
+		}
 	}
 	g.owner, g.sliceStart = m, now
 	if m != nil {
 		g.sliceIssued0 = m.lastIssued
+		if m != g.draining {
+			m.slice0, m.spent = m.passed(), 0
+		}
 	}
 }
 
+// close ends o's slice: its gate takes back the tickets it was released and
+// did not use, and its clock runs on until the work it launched has run.
+func (g *gpu) close(o *member, now time.Time) {
+	issued := o.c.usage.Issued(o.dev)
+	_ = o.c.limits.CloseGrant(o.dev, issued)
+	if g.draining != nil { // a drain not over yet ends here
+		g.settleDrain(now)
+	}
+	// What passed the gate before it closed (a launch that waits has taken
+	// a ticket, and runs in a later slice).
+	g.draining, g.closedAt, g.closePassed = o, now, min(issued, o.c.limits.Grant(o.dev))
+}
+
+// runClock charges the clock's member the wall time since the last tick:
+// the draining previous owner until its work has run, then the owner.
+func (g *gpu) runClock(now time.Time, cfg Config) {
+	if g.clockAt.IsZero() || g.clockAt.After(now) {
+		g.clockAt = now
+	}
+	if d := g.draining; d != nil {
+		end, ok := g.drained(now, cfg)
+		if !ok {
+			d.charge(float64(now.Sub(g.clockAt)))
+			g.clockAt = now
+			return
+		}
+		g.settleDrain(end)
+	}
+	if o := g.owner; o != nil {
+		o.charge(float64(g.idleSince(o, now).Sub(g.clockAt)))
+	}
+	g.clockAt = now
+}
+
+// idleSince is when the owner's clock stopped, at the latest now: when it
+// launches nothing (it waits at no gate) and a completion mark that covers
+// every ticket it took says its work had all run, the device has idled
+// since then for want of its work, and the time is not its.
+func (g *gpu) idleSince(o *member, now time.Time) time.Time {
+	t, ok := ranOut(o, now)
+	switch {
+	case !ok:
+		return now
+	case t.Before(g.clockAt):
+		return g.clockAt
+	}
+	return t
+}
+
+// ranOut says when m's work had all run, if it has and m launches nothing
+// (it waits at no gate): what its latest completion mark says, where that
+// mark covers every ticket it took.
+func ranOut(m *member, now time.Time) (time.Time, bool) {
+	if m.waiting || !m.c.marks {
+		return time.Time{}, false
+	}
+	done, ok := m.c.usage.Mark(m.dev, m.passed())
+	if !ok || done == 0 {
+		return time.Time{}, false
+	}
+	mono := controlblock.MonotonicNs()
+	return now.Add(-time.Duration(mono - min(done, mono))), true
+}
+
+// settleDrain ends the drain at end: the previous owner is charged up to
+// there and the owner's clock, and slice, start there.
+func (g *gpu) settleDrain(end time.Time) {
+	d, o := g.draining, g.owner
+	g.draining = nil
+	if end.Before(g.clockAt) {
+		end = g.clockAt
+	}
+	d.charge(float64(end.Sub(g.clockAt)))
+	g.clockAt = end
+	if o != nil {
+		g.sliceStart = end
+	}
+	if d != o { // the same member's next slice goes on counting
+		g.costFromSlice(d)
+	}
+}
+
+// starve lowers the owner's cost estimate when it waits at its gate with
+// all its released work run (its completion mark says so): the device
+// idles for want of a grant, so the estimate, which sized the grant, is
+// too high. Without this, an estimate up to Lookahead/Tick times too high
+// would hold: each tick's grant would last until the next.
+func (g *gpu) starve(o *member) {
+	if o.cost == 0 || !o.waiting || !o.c.marks || g.draining != nil {
+		return
+	}
+	if done, ok := o.c.usage.Mark(o.dev, o.passed()); ok && done != 0 {
+		o.cost = max(o.cost*starveFactor, minCostNs)
+	}
+}
+
+// nearlyRun says m's completion marks show at most about ns of its passed
+// work (at its estimated cost) yet to run.
+func (m *member) nearlyRun(ns time.Duration) bool {
+	passed, left := m.passed(), uint64(float64(ns)/m.costNs())
+	done, ok := m.c.usage.Mark(m.dev, passed-min(passed, left))
+	return ok && done != 0
+}
+
+// passed is how many of m's tickets have passed its gate: those its grant
+// covers (the rest wait).
+func (m *member) passed() uint64 { return min(m.lastIssued, m.c.limits.Grant(m.dev)) }
+
+// charge adds ns of the clock to m's due and to its slice's.
+func (m *member) charge(ns float64) {
+	m.clockDue += ns
+	m.spent += ns
+}
+
+// drained says when the draining owner's work has run, if it has: when its
+// completion marks say so (a launch that waited at its gate, or a
+// synchronize, with every ticket that passed before the close behind it saw
+// the work before it done), bounded by the close and now.
+// A ledger older than marks has none: its work is taken to have run a
+// lookahead after the close if it launched within a lookahead before it.
+// A drain never lasts longer than maxDrain (a container that computes on
+// the host after its last launch, without synchronizing, pays for that
+// time until its next launch).
+func (g *gpu) drained(now time.Time, cfg Config) (time.Time, bool) {
+	d := g.draining
+	if now.Sub(g.closedAt) >= maxDrain {
+		return now, true
+	}
+	done, marked := d.c.usage.Mark(d.dev, g.closePassed)
+	if marked && done == 0 {
+		return time.Time{}, false
+	}
+	if marked {
+		mono := controlblock.MonotonicNs()
+		t := now.Add(-time.Duration(mono - min(done, mono)))
+		if t.Before(g.closedAt) {
+			t = g.closedAt
+		}
+		return t, true
+	}
+	if d.c.marks {
+		return time.Time{}, false // its next launch or synchronize marks it
+	}
+	t := g.closedAt
+	if g.closedAt.Sub(d.lastTicket) < cfg.Lookahead {
+		t = g.closedAt.Add(cfg.Lookahead)
+	}
+	return t, !t.After(now)
+}
+
 // release raises the owner's grant: a lookahead of device time past what it
-// has taken, and no further than the end of its slice: work released for
-// after the slice would run in another's. A slice always runs its full
+// has taken, and no further than the end of its slice (what it does not use
+// by then is taken back when its gate closes). A slice always runs its full
 // length (the owner's credit may go into debt, paid back before its next
 // slice), so that switching costs the same share of every container's time.
 // sliceLen is a slice's length: Config.Slice, or longer where kernels are
@@ -502,6 +649,9 @@ func (g *gpu) sliceLen(cfg Config) float64 {
 }
 
 func (g *gpu) release(o *member, now time.Time, cfg Config) {
+	if g.draining != nil && g.draining != o {
+		return // its slice starts once the previous owner's work has run
+	}
 	c := o.costNs()
 	tickets := func(ns float64) uint64 { return uint64(max(1, math.Ceil(ns/c))) }
 	elapsed := float64(now.Sub(g.sliceStart))
@@ -511,7 +661,6 @@ func (g *gpu) release(o *member, now time.Time, cfg Config) {
 		return
 	}
 	want := o.lastIssued + tickets(ahead)
-	want = min(want, g.sliceIssued0+tickets(elapsed+ahead))
 	if o.cost == 0 {
 		want = min(want, g.sliceIssued0+o.probe)
 	}

@@ -12,19 +12,23 @@
 // simgpu, a hand-off), and the shares do not depend on how the device
 // arbitrates between queued work.
 //
-// How it measures: a grant is in tickets (one per launch, a CUDA graph is one
-// launch), but a share is in device time. Each container's device time per
-// ticket is estimated from its busy time (Source: NVML per-process
-// utilization) divided by the tickets it took, over a window of seconds; the
-// slice releases tickets at that cost, a little ahead of the device, and a
-// container is charged as it takes them. An owner that does not keep up with
-// its slice (it synchronizes, or computes on the host) is charged the wall
-// time it held the device, as a time slice is charged, so synchronizing
-// workloads keep their ratio. These charges are estimates; every quarter
-// second they are trued up to the device time each container measurably
-// used (the slices' wall time split in proportion to it), so the estimates'
-// errors do not add up and the shares of device time converge on the
-// targets.
+// How it measures: on its own clock. A slice's owner is charged the wall
+// time from the slice's start until the last work it launched has run,
+// which the interposer's completion marks say (enforcer/interposer/README.md,
+// "Launch gate"): at the slice's end its gate closes (the grant drops to the
+// tickets taken, so what it was released and did not use waits for its next
+// slice) and its clock runs on while its queued work drains; the next
+// owner's gate opens, and its clock starts, when the drain ends. Time in
+// which the owner launches nothing and its marks say its work has run is
+// not charged. A grant is in tickets (one per launch, a CUDA graph is one
+// launch): each container's device time per ticket is estimated from its
+// slices (clock time over the tickets that ran in them), and a slice
+// releases a lookahead of it at a time; an estimate that is off makes the
+// queue deeper or shallower, not the charge wrong. NVML is not the meter:
+// NVIDIA's per-process utilization is a sample stream too coarse for 50 ms
+// slices. Source feeds only the achieved share of GPUs whose policy does
+// not gate launches; the collector judges the charged share against NVML's
+// (the over_share breach).
 //
 // What a tick costs: it looks at the containers that use or wait for a GPU,
 // and at idle ones in turns (Config.IdlePoll); shares are planned again only
@@ -53,7 +57,7 @@ import (
 
 // Config tunes the loop. Zero values take the defaults.
 type Config struct {
-	Source    Source        // device time per container; nil: costs stay at their prior
+	Source    Source        // device time per container, for the achieved share where launches are not gated; nil: none
 	Tick      time.Duration // how often grants are decided (default 5ms)
 	Slice     time.Duration // longest time slice (default 50ms)
 	Lookahead time.Duration // device time released ahead of the device (default 10ms)
@@ -168,6 +172,7 @@ type container struct {
 	gated    uint32   // gate_mask bits this scheduler set
 
 	claimsSeen bool                    // the ledger's claims were there when last read
+	marks      bool                    // its interposer leaves completion marks (ledger minor 3)
 	totals     controlblock.ProcTotals // throttled time over processes that came and went
 	reserved   [controlblock.MaxDevices]uint64
 	pids       []uint32
@@ -422,7 +427,10 @@ func (s *Scheduler) loop(stop, done chan struct{}) {
 			busy, _ = s.cfg.Source.Busy() // on error, costs and shares keep their last values
 		}
 		next := s.cfg.Tick
-		if s.tick(now, busy) {
+		switch quiet, draining := s.tick(now, busy); {
+		case draining: // the next owner waits for the drain's end: see it soon
+			next = min(next, drainPoll)
+		case quiet:
 			next = max(next, s.cfg.IdlePoll)
 		}
 		t.Reset(next - time.Since(now))
@@ -430,8 +438,9 @@ func (s *Scheduler) loop(stop, done chan struct{}) {
 }
 
 // tick runs one round for every GPU; busy is a new measurement or nil. It
-// says whether every GPU is quiet.
-func (s *Scheduler) tick(now time.Time, busy map[string]map[string]uint64) (quiet bool) {
+// says whether every GPU is quiet, and whether one waits for a previous
+// owner's work to drain.
+func (s *Scheduler) tick(now time.Time, busy map[string]map[string]uint64) (quiet, draining bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	full := now.Sub(s.lastLedger) >= s.cfg.Ledger
@@ -466,6 +475,7 @@ func (s *Scheduler) tick(now time.Time, busy map[string]map[string]uint64) (quie
 	for _, g := range s.gpus {
 		g.tick(now, s.cfg)
 		quiet = quiet && g.quiet()
+		draining = draining || g.draining != nil && g.owner != nil
 	}
 	if now.Sub(s.lastBeat) >= s.cfg.Heartbeat {
 		s.lastBeat = now
@@ -474,7 +484,7 @@ func (s *Scheduler) tick(now time.Time, busy map[string]map[string]uint64) (quie
 			c.limits.HeartbeatAt(beat)
 		}
 	}
-	return quiet
+	return quiet, draining
 }
 
 // readLedger refreshes claims, per-device reservations, pids and throttled
@@ -499,6 +509,7 @@ func (s *Scheduler) readLedger(c *container) {
 		return
 	}
 	c.eff = c.settings
+	c.marks = snap.ABIMinor >= 3
 	c.claimsSeen = snap.ClaimWeight > 0
 	if c.settings.FromClaims && !c.claimsSeen {
 		s.unclaimed[c.key] = c

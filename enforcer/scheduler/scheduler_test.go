@@ -114,6 +114,32 @@ func TestWeighted(t *testing.T) {
 	}
 }
 
+// TestWeightedOnH200Model: weights 1:2 hold on simgpu's H200 model, whose
+// NVML per-process utilization is a sample stream (here one sample a
+// second, whole percents, one process each) and whose engine time-slices
+// between contexts: the scheduler charges device time from its own clock
+// and completion marks, not from NVML. Judged by launches, as images/s.
+func TestWeightedOnH200Model(t *testing.T) {
+	bin := filepath.Dir(simtest.Bin(t, "libgpuwarden.so"))
+	simtest.Bin(t, "simgpu/workload")
+	m := simrun.Machine{Bin: bin, Dir: machineDir, Devices: 1, Memory: "16Gi", Model: "h200", SampleMs: 1000}
+	r, err := simrun.Start(m, scheduler.Config{}, scheduler.GPUSettings{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Close)
+	spawn(t, r, named(claims("GPUWARDEN_COMPUTE_WEIGHT=1"), "a", busyWork(9)),
+		named(claims("GPUWARDEN_COMPUTE_WEIGHT=2"), "b", busyWork(9)))
+	time.Sleep(2 * time.Second)
+	a0, b0 := r.Launches("a"), r.Launches("b")
+	time.Sleep(6 * time.Second)
+	a1, b1 := r.Launches("a"), r.Launches("b")
+	for _, st := range r.Sched.Status() {
+		t.Logf("%+v", st)
+	}
+	within(t, "b/a launches", float64(b1-b0)/float64(max(a1-a0, 1)), 1.6, 2.5)
+}
+
 // TestWeightedIdlePartnerKeepsSlices: a container of weight 2 that holds a
 // context but launches nothing keeps its 2 slices.
 func TestWeightedIdlePartnerKeepsSlices(t *testing.T) {
