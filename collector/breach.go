@@ -2,6 +2,7 @@ package collector
 
 import (
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
@@ -30,8 +31,8 @@ const (
 	// is refused: its processes map it, or its slots name processes of
 	// other containers.
 	BreachFalseClaim = "false_claim"
-	// BreachOverShare: the device time measured (NVML) stays above the share
-	// the scheduler holds the container to.
+	// BreachOverShare: the device time NVML measures, averaged over a
+	// minute, stays above the share the scheduler holds the container to.
 	BreachOverShare = "over_share"
 )
 
@@ -50,10 +51,14 @@ const (
 	// remember keeps an instant breach (a counter that went back) reported
 	// for this long, so alerts and scrapes see it.
 	remember = time.Minute
-	// shareTolerance and shareSustain: a share measured over a second
-	// lags the scheduler's targets when containers start and stop, so only
-	// a wide excess held for long is a breach.
+	// shareTolerance, shareWindow and shareSustain: NVIDIA's per-process
+	// utilization is a sample stream (each sample credits a whole period,
+	// 1/6 s to 1 s, to the one process on the engine then), so a second's
+	// figure says little: the share judged is NVML's averaged over about a
+	// minute, of a target unchanged that long, and only a wide excess held
+	// for a while is a breach.
 	shareTolerance = 0.15
+	shareWindow    = time.Minute
 	shareSustain   = 10 * time.Second
 )
 
@@ -64,6 +69,30 @@ type judge struct {
 	until    map[Key]map[string]time.Time
 	launches map[string]ledgerMarks // by ledger directory
 	rewinds  map[Key]uint64         // the enforcer's count, as last seen
+	shares   map[Key]*shareMean     // NVML's share, averaged
+}
+
+// shareMean is a container's NVML share averaged over about shareWindow
+// since its held share last changed.
+type shareMean struct {
+	mean, held  float64
+	since, last time.Time
+}
+
+// meanShare adds this view's share to k's average; full says the average
+// covers shareWindow of an unchanged target.
+func (jd *judge) meanShare(k Key, share, held float64, now time.Time) (mean float64, full bool) {
+	m := jd.shares[k]
+	if m == nil || m.held != held || !now.After(m.last) {
+		if m == nil || m.held != held {
+			m = &shareMean{mean: share, held: held, since: now, last: now}
+			jd.shares[k] = m
+		}
+		return m.mean, now.Sub(m.since) >= shareWindow
+	}
+	m.mean += (share - m.mean) * (1 - math.Exp(-now.Sub(m.last).Seconds()/shareWindow.Seconds()))
+	m.last = now
+	return m.mean, now.Sub(m.since) >= shareWindow
 }
 
 // ledgerMarks are a ledger's counters that never go back.
@@ -74,7 +103,8 @@ type ledgerMarks struct {
 
 func newJudge() judge {
 	return judge{since: map[Key]map[string]time.Time{}, instant: map[Key]map[string]agentapi.Breach{},
-		until: map[Key]map[string]time.Time{}, launches: map[string]ledgerMarks{}, rewinds: map[Key]uint64{}}
+		until: map[Key]map[string]time.Time{}, launches: map[string]ledgerMarks{}, rewinds: map[Key]uint64{},
+		shares: map[Key]*shareMean{}}
 }
 
 // gpuProc is a process NVML lists on a device, as the agent identified it.
@@ -89,8 +119,14 @@ func (j *joiner) judgeAll(ledgers map[uint64]*ledger, rejected []*ledger, now ti
 	jd := &j.c.judge
 	accused := j.judgeRefused(rejected)
 	seen := map[Key]bool{}
+	j.meanShare = map[Key]float64{}
 	for k, e := range j.entries {
 		seen[k] = true
+		if held, ok := j.held[k]; ok {
+			if mean, full := jd.meanShare(k, e.ComputeShare, held, now); full {
+				j.meanShare[k] = mean
+			}
+		}
 		var fails []agentapi.Breach
 		if l := ledgers[k.Cgroup]; l != nil {
 			fails = j.compare(k, e, l)
@@ -131,9 +167,11 @@ func (j *joiner) compare(k Key, e *agentapi.ContainerDevice, l *ledger) []agenta
 	if b, ok := impossible(ordinal, l.usage); ok {
 		out = append(out, b)
 	}
-	if held, ok := j.held[k]; ok && e.ComputeShare > held+shareTolerance {
-		out = append(out, agentapi.Breach{Reason: BreachOverShare, Evidence: fmt.Sprintf(
-			"NVML measures %.0f%% of GPU %d's time, the scheduler holds it to %.0f%%", e.ComputeShare*100, d, held*100)})
+	if held, ok := j.held[k]; ok {
+		if mean, ok := j.meanShare[k]; ok && mean > held+shareTolerance {
+			out = append(out, agentapi.Breach{Reason: BreachOverShare, Evidence: fmt.Sprintf(
+				"NVML measures %.0f%% of GPU %d's time over the last minute, the scheduler holds it to %.0f%%", mean*100, d, held*100)})
+		}
 	}
 	return out
 }
@@ -310,6 +348,11 @@ func (jd *judge) forget(seen map[Key]bool) {
 			delete(jd.since, k)
 			delete(jd.instant, k)
 			delete(jd.until, k)
+		}
+	}
+	for k := range jd.shares {
+		if !seen[k] {
+			delete(jd.shares, k)
 		}
 	}
 }

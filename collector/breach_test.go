@@ -118,8 +118,9 @@ func TestCompare(t *testing.T) {
 	}
 }
 
-// A container held to a share that NVML measures well above it, for long,
-// is in breach; a little above it, or not held (soft, high priority), is not.
+// A container held to a share that NVML measures well above it, averaged
+// over a minute, for long, is in breach; a little above it, or not held
+// (soft, high priority), is not.
 func TestOverShare(t *testing.T) {
 	k := Key{Cgroup: 7, GPU: 0}
 	l := &ledger{dir: "d", usage: &controlblock.UsageSnapshot{CgroupID: 7}}
@@ -133,7 +134,7 @@ func TestOverShare(t *testing.T) {
 		{"within the tolerance", map[Key]float64{k: 1. / 3}, 0.45, false},
 		{"not held", nil, 0.9, false},
 	} {
-		j := &joiner{c: &Collector{}, held: tt.held}
+		j := &joiner{c: &Collector{}, held: tt.held, meanShare: map[Key]float64{k: tt.share}}
 		e := agentapi.ContainerDevice{ComputeShare: tt.share, MemorySource: "ledger"}
 		if got := reasonsOf(j.compare(k, &e, l))[BreachOverShare]; got != tt.want {
 			t.Errorf("%s: over_share %v, want %v", tt.name, got, tt.want)
@@ -151,4 +152,36 @@ func TestOverShare(t *testing.T) {
 	if got := jd.hold(k, over, t0.Add(shareSustain)); len(got) != 1 {
 		t.Errorf("an excess held %v is no breach: %v", shareSustain, got)
 	}
+}
+
+// The share judged is NVML's averaged over a minute of an unchanged target:
+// a second's sample stream (a whole period credited to one process) and the
+// lag after a target is lowered are not an excess.
+func TestShareMean(t *testing.T) {
+	jd := newJudge()
+	k := Key{Cgroup: 7, GPU: 0}
+	t0 := time.Unix(1000, 0)
+	// NVIDIA's samples: the container on the engine at 1 of 3 instants, credited 100%.
+	var mean float64
+	var full bool
+	for i := 0; i <= 90; i++ {
+		mean, full = jd.meanShare(k, float64(b2f(i%3 == 0)), 1./3, t0.Add(time.Duration(i)*time.Second))
+		if i < 60 && full {
+			t.Fatalf("after %d s the mean covers a minute", i)
+		}
+	}
+	if !full || mean < 0.2 || mean > 0.5 {
+		t.Errorf("mean of a third sampled as 1s and 0s: %.2f (full %v), want about 0.33", mean, full)
+	}
+	// The target lowered: the window starts again, so the old usage is not judged against it.
+	if _, full := jd.meanShare(k, 0.6, 0.2, t0.Add(91*time.Second)); full {
+		t.Error("a changed target keeps the old window")
+	}
+}
+
+func b2f(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -14,20 +14,21 @@ import (
 
 // joiner accumulates one view's per-container entries.
 type joiner struct {
-	c        *Collector
-	live     map[uint64]bool // cgroups whose ledgers were read this time
-	v        *View
-	entries  map[Key]*agentapi.ContainerDevice
-	uuids    map[int]string // by NVML index
-	index    map[string]int // NVML index by UUID
-	node     []string       // the node's GPUs by index; nil: NVML not read
-	labels   LabelFunc
-	procs    map[Key][]gpuProc       // the processes NVML lists, by cgroup and device
-	ordinals map[Key]int             // the CUDA ordinal of each entry a ledger covers
-	nvmlGPUs map[uint64]map[int]bool // the GPUs NVML lists each container's processes on
-	nvmlMem  map[Key]uint64          // the memory NVML shows for each container's processes
-	held     map[Key]float64         // shares the scheduler holds containers to (Scheduled.Held)
-	seenPIDs map[int]gpuProc         // identified this time, kept for the next view
+	c         *Collector
+	live      map[uint64]bool // cgroups whose ledgers were read this time
+	v         *View
+	entries   map[Key]*agentapi.ContainerDevice
+	uuids     map[int]string // by NVML index
+	index     map[string]int // NVML index by UUID
+	node      []string       // the node's GPUs by index; nil: NVML not read
+	labels    LabelFunc
+	procs     map[Key][]gpuProc       // the processes NVML lists, by cgroup and device
+	ordinals  map[Key]int             // the CUDA ordinal of each entry a ledger covers
+	nvmlGPUs  map[uint64]map[int]bool // the GPUs NVML lists each container's processes on
+	nvmlMem   map[Key]uint64          // the memory NVML shows for each container's processes
+	held      map[Key]float64         // shares the scheduler holds containers to (Scheduled.Held)
+	meanShare map[Key]float64         // NVML's share over the last minute, where it covers one (judge.meanShare)
+	seenPIDs  map[int]gpuProc         // identified this time, kept for the next view
 }
 
 func (j *joiner) entry(cg uint64, gpu int) *agentapi.ContainerDevice {

@@ -278,6 +278,9 @@ func (g *gpu) observe(m *member, now time.Time) bool {
 	if issued < m.lastIssued { // a forged (or reset) ledger: start counting again
 		m.lastIssued, m.charged = issued, issued
 		m.rewinds++
+		// and take back the grant above it, which the forgery would
+		// otherwise turn into launches outside its slices
+		_ = m.c.limits.CloseGrant(m.dev, issued)
 	}
 	// A ticket counts as taken when its launch passes the gate: a launch
 	// that waited since long ago has only now begun.
