@@ -83,15 +83,14 @@ type shareMean struct {
 // covers shareWindow of an unchanged target.
 func (jd *judge) meanShare(k Key, share, held float64, now time.Time) (mean float64, full bool) {
 	m := jd.shares[k]
-	if m == nil || m.held != held || !now.After(m.last) {
-		if m == nil || m.held != held {
-			m = &shareMean{mean: share, held: held, since: now, last: now}
-			jd.shares[k] = m
-		}
-		return m.mean, now.Sub(m.since) >= shareWindow
+	switch {
+	case m == nil || m.held != held:
+		m = &shareMean{mean: share, held: held, since: now, last: now}
+		jd.shares[k] = m
+	case now.After(m.last):
+		m.mean += (share - m.mean) * (1 - math.Exp(-now.Sub(m.last).Seconds()/shareWindow.Seconds()))
+		m.last = now
 	}
-	m.mean += (share - m.mean) * (1 - math.Exp(-now.Sub(m.last).Seconds()/shareWindow.Seconds()))
-	m.last = now
 	return m.mean, now.Sub(m.since) >= shareWindow
 }
 

@@ -50,10 +50,8 @@ func benchEnforcer(o benchOptions, stdout io.Writer) error {
 	// number of slices give or take one: over 6 s, one 50 ms slice is within
 	// 2.5% of the 1-weight container's time.
 	secs := max(o.seconds, 10)
-	k := func(ns int, more ...string) []string {
-		return append([]string{"--kernels", "8", "--kernel-ns", strconv.Itoa(ns), "--batch", "32"}, more...)
-	}
-	k20ms := []string{"--kernels", "1", "--kernel-ns", "20000000", "--batch", "32"}
+	k := func(ns int, more ...string) []string { return stepArgs(8, ns, more...) }
+	k20ms := stepArgs(1, 20000000)
 	w1, w2 := []string{"GPUWARDEN_COMPUTE_WEIGHT=1"}, []string{"GPUWARDEN_COMPUTE_WEIGHT=2"}
 	cap30 := []string{"GPUWARDEN_COMPUTE_LIMIT=30"}
 	soft := scheduler.GPUSettings{Policy: policy.Soft, PolicySet: true}
@@ -117,6 +115,12 @@ func benchEnforcer(o benchOptions, stdout io.Writer) error {
 	// The figures are the result; a row out of budget is reported, not an error.
 	fmt.Fprintf(stdout, "BENCH enforcer_rows %d rows\nBENCH enforcer_rows_within_budget %d rows\n", exact, within)
 	return nil
+}
+
+// stepArgs are the workload's arguments for steps of n kernels of ns each,
+// 32 images a step, and more.
+func stepArgs(n, ns int, more ...string) []string {
+	return append([]string{"--kernels", strconv.Itoa(n), "--kernel-ns", strconv.Itoa(ns), "--batch", "32"}, more...)
 }
 
 func containsWord(list, w string) bool {

@@ -52,9 +52,7 @@ func benchShares(o benchOptions, stdout io.Writer) error {
 			return fmt.Errorf("GPUWARDEN_BENCH_RUNS=%s: want a count", v)
 		}
 	}
-	k := func(ns int, more ...string) []string {
-		return append([]string{"--kernels", "8", "--kernel-ns", strconv.Itoa(ns), "--batch", "32"}, more...)
-	}
+	k := func(ns int, more ...string) []string { return stepArgs(8, ns, more...) }
 	// A training step: 64 kernels of uneven lengths (mean 6.25 us an image,
 	// so a step grows with its batch), 20 us of host work before each
 	// launch, one sync a step.
@@ -64,7 +62,7 @@ func benchShares(o benchOptions, stdout io.Writer) error {
 	}
 	shapes := []sharesShape{
 		{name: "k20us", args: k(20000)}, {name: "k200us", args: k(200000)}, {name: "k2ms", args: k(2000000)},
-		{name: "k20ms", args: []string{"--kernels", "1", "--kernel-ns", "20000000", "--batch", "32"}, longer: 2},
+		{name: "k20ms", args: stepArgs(1, 20000000), longer: 2},
 		train(16), train(32), train(64), train(128),
 		{name: "graph_k200us", args: k(200000, "--graph")}, {name: "sync_k200us", args: k(200000, "--sync-every-launch")},
 	}

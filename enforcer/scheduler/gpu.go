@@ -545,12 +545,25 @@ func ranOut(m *member, now time.Time) (time.Time, bool) {
 	if m.waiting || !m.c.marks {
 		return time.Time{}, false
 	}
-	done, ok := m.c.usage.Mark(m.dev, m.passed())
-	if !ok || done == 0 {
+	done, ok := m.ranTo(m.passed())
+	if !ok {
 		return time.Time{}, false
 	}
+	return markTime(done, now), true
+}
+
+// ranTo says whether m's latest completion mark saw the work of every ticket
+// up to ticket run, and when (CLOCK_MONOTONIC ns).
+func (m *member) ranTo(ticket uint64) (done uint64, ok bool) {
+	done, ok = m.c.usage.Mark(m.dev, ticket)
+	return done, ok && done != 0
+}
+
+// markTime places a completion mark's CLOCK_MONOTONIC time on the loop's
+// clock, no later than now.
+func markTime(done uint64, now time.Time) time.Time {
 	mono := controlblock.MonotonicNs()
-	return now.Add(-time.Duration(mono - min(done, mono))), true
+	return now.Add(-time.Duration(mono - min(done, mono)))
 }
 
 // settleDrain ends the drain at end: the previous owner is charged up to
@@ -580,7 +593,7 @@ func (g *gpu) starve(o *member) {
 	if o.cost == 0 || !o.waiting || !o.c.marks || g.draining != nil {
 		return
 	}
-	if done, ok := o.c.usage.Mark(o.dev, o.passed()); ok && done != 0 {
+	if _, ok := o.ranTo(o.passed()); ok {
 		o.cost = max(o.cost*starveFactor, minCostNs)
 	}
 }
@@ -589,8 +602,8 @@ func (g *gpu) starve(o *member) {
 // work (at its estimated cost) yet to run.
 func (m *member) nearlyRun(ns time.Duration) bool {
 	passed, left := m.passed(), uint64(float64(ns)/m.costNs())
-	done, ok := m.c.usage.Mark(m.dev, passed-min(passed, left))
-	return ok && done != 0
+	_, ok := m.ranTo(passed - min(passed, left))
+	return ok
 }
 
 // passed is how many of m's tickets have passed its gate: those its grant
@@ -622,8 +635,7 @@ func (g *gpu) drained(now time.Time, cfg Config) (time.Time, bool) {
 		return time.Time{}, false
 	}
 	if marked {
-		mono := controlblock.MonotonicNs()
-		t := now.Add(-time.Duration(mono - min(done, mono)))
+		t := markTime(done, now)
 		if t.Before(g.closedAt) {
 			t = g.closedAt
 		}

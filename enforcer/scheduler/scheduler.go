@@ -27,8 +27,9 @@
 // queue deeper or shallower, not the charge wrong. NVML is not the meter:
 // NVIDIA's per-process utilization is a sample stream too coarse for 50 ms
 // slices. Source feeds only the achieved share of GPUs whose policy does
-// not gate launches; the collector judges the charged share against NVML's
-// (the over_share breach).
+// not gate launches (it is not read while none has containers); the
+// collector judges NVML's share, over a minute, against the target (the
+// over_share breach).
 //
 // What a tick costs: it looks at the containers that use or wait for a GPU,
 // and at idle ones in turns (Config.IdlePoll); shares are planned again only
@@ -154,6 +155,7 @@ type Scheduler struct {
 	stop       chan struct{}
 	done       chan struct{}
 	lastMeas   time.Time
+	ungated    bool // a GPU with containers does not gate launches (set by tick, read by the loop)
 	lastBeat   time.Time
 	lastLedger time.Time
 	// ledgerRound counts ledger rounds; unclaimed holds the containers
@@ -423,8 +425,10 @@ func (s *Scheduler) loop(stop, done chan struct{}) {
 		}
 		var busy map[string]map[string]uint64
 		now := time.Now()
-		if s.cfg.Source != nil && now.Sub(s.lastMeas) >= s.cfg.Measure {
-			busy, _ = s.cfg.Source.Busy() // on error, costs and shares keep their last values
+		// Only a GPU whose policy does not gate launches takes its shares
+		// from the source (gated ones are charged on the loop's clock).
+		if s.cfg.Source != nil && s.ungated && now.Sub(s.lastMeas) >= s.cfg.Measure {
+			busy, _ = s.cfg.Source.Busy() // on error, shares keep their last values
 		}
 		next := s.cfg.Tick
 		switch quiet, draining := s.tick(now, busy); {
@@ -472,11 +476,14 @@ func (s *Scheduler) tick(now time.Time, busy map[string]map[string]uint64) (quie
 		}
 	}
 	quiet = len(s.unclaimed) == 0
+	ungated := false
 	for _, g := range s.gpus {
 		g.tick(now, s.cfg)
 		quiet = quiet && g.quiet()
+		ungated = ungated || len(g.members) > 0 && !g.eff.Gated()
 		draining = draining || g.draining != nil && g.owner != nil
 	}
+	s.ungated = ungated
 	if now.Sub(s.lastBeat) >= s.cfg.Heartbeat {
 		s.lastBeat = now
 		beat := controlblock.MonotonicNs()

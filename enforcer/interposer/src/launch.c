@@ -152,7 +152,7 @@ __attribute__((noinline)) CUresult gw_gate_wait(CUstream s) {
     return CUDA_SUCCESS;
 }
 
-static inline __attribute__((always_inline)) CUresult launch_enter(CUstream s) {
+static inline __attribute__((always_inline)) CUresult launch_enter(void) {
     if (GW_UNLIKELY(atomic_load_explicit(&gw_state, memory_order_acquire) != GW_READY)) {
         CUresult rc = gw_activate();
         if (rc) return rc;
@@ -163,18 +163,20 @@ static inline __attribute__((always_inline)) CUresult launch_enter(CUstream s) {
     if (GW_UNLIKELY(!cell)) cell = gw_cell_new();
     if (GW_LIKELY(cell)) gw_count_add(&cell->launches, 1);
     else atomic_fetch_add(&atomic_load_explicit(&gw_slot, memory_order_relaxed)->launches, 1);
-    if (GW_UNLIKELY(atomic_load_explicit(&gw_snap_gate_mask, memory_order_relaxed))) gw_gate_wait(s);
     return CUDA_SUCCESS;
 }
 
-/* stream is the launch's stream, for its completion mark: a _ptsz
- * variant's default stream is the thread's own. */
+/* stream is the launch's stream, for its completion mark (a _ptsz
+ * variant's default stream is the thread's own): evaluated only where a
+ * gate is on, so the ungated launch reads nothing more. */
 #define LAUNCH_HOOK(name, params, args, stream)                                                    \
     GW_EXPORT CUresult name params {                                                               \
         const int outer = gw_in_hook;                                                              \
         if (GW_DRIVER_REENTRY(outer)) return gw_be.name args;                                      \
-        CUresult rc = launch_enter(stream);                                                          \
+        CUresult rc = launch_enter();                                                              \
         if (GW_UNLIKELY(rc)) return rc;                                                            \
+        if (GW_UNLIKELY(atomic_load_explicit(&gw_snap_gate_mask, memory_order_relaxed)))           \
+            gw_gate_wait(stream);                                                                  \
         if (GW_UNLIKELY(!gw_be.name)) return CUDA_ERROR_NOT_FOUND;                                 \
         gw_in_hook = 1;                                                                            \
         rc = gw_be.name args;                                                                      \

@@ -34,6 +34,17 @@ static int record(CUevent *ev, CUstream s) {
     return 0;
 }
 
+/* put_mark writes device dev's mark: the work of tickets up to ticket,
+ * recorded at rec, seen run at done (0: not yet). rec goes last, and is 0
+ * while the rest is written, so that a reader never pairs one mark's rec
+ * with another's ticket. */
+static void put_mark(int dev, uint64_t ticket, uint64_t rec, uint64_t done) {
+    atomic_store_explicit(&gw_usage->mark_rec_ns[dev], 0, memory_order_relaxed);
+    atomic_store_explicit(&gw_usage->mark_done_ns[dev], done, memory_order_relaxed);
+    atomic_store_explicit(&gw_usage->mark_ticket[dev], ticket, memory_order_release);
+    atomic_store_explicit(&gw_usage->mark_rec_ns[dev], rec, memory_order_release);
+}
+
 void gw_mark_record(struct gw_mark *m, int dev, CUstream s, uint64_t ticket) {
     struct gw_slot *me = atomic_load(&gw_slot);
     struct gw_cell *cell = gw_my_cell;
@@ -44,10 +55,7 @@ void gw_mark_record(struct gw_mark *m, int dev, CUstream s, uint64_t ticket) {
     m->ev = cell->mark_ev[dev];
     m->dev = dev;
     m->rec = gw_now_ns();
-    atomic_store_explicit(&gw_usage->mark_rec_ns[dev], 0, memory_order_relaxed);
-    atomic_store_explicit(&gw_usage->mark_done_ns[dev], 0, memory_order_relaxed);
-    atomic_store_explicit(&gw_usage->mark_ticket[dev], ticket - 1, memory_order_release); /* what is before it */
-    atomic_store_explicit(&gw_usage->mark_rec_ns[dev], m->rec, memory_order_release);
+    put_mark(dev, ticket - 1, m->rec, 0); /* the tickets before its own */
 }
 
 void gw_mark_poll(struct gw_mark *m) {
@@ -73,11 +81,7 @@ static void synced(void) {
     int dev = gw_thread_dev();
     if (dev < 0 || dev >= GW_MAX_DEVICES || !(atomic_load(&gw_snap_gate_mask) & (1u << dev))) return;
     uint64_t now = gw_now_ns();
-    atomic_store_explicit(&gw_usage->mark_rec_ns[dev], 0, memory_order_relaxed);
-    atomic_store_explicit(&gw_usage->mark_done_ns[dev], now, memory_order_relaxed);
-    atomic_store_explicit(&gw_usage->mark_ticket[dev], atomic_load(&gw_usage->launches_issued[dev]),
-                          memory_order_release);
-    atomic_store_explicit(&gw_usage->mark_rec_ns[dev], now, memory_order_release);
+    put_mark(dev, atomic_load(&gw_usage->launches_issued[dev]), now, now);
 }
 
 #define SYNC_HOOK(name, params, args)                                                              \
