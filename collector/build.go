@@ -4,6 +4,7 @@ import (
 	"path/filepath"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 
 	"github.com/gpuwarden/gpuwarden/bpf/observe"
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
@@ -232,7 +233,7 @@ func (j *joiner) addEBPF(s observe.Snapshot, ledgers map[uint64]*ledger) {
 func (j *joiner) addNVML(devs []nvmldev.Device) {
 	for _, d := range devs {
 		for _, p := range d.Processes {
-			path, err := cgroups.OfProcess(j.c.src.ProcRoot, int(p.PID))
+			path, err := hostcgroup.Of(j.c.src.ProcRoot, int(p.PID))
 			if err != nil || j.c.src.Cgroups == nil {
 				continue // gone, or in a pid namespace we cannot see
 			}

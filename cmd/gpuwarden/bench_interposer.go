@@ -13,6 +13,7 @@ import (
 	"strings"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 )
 
 func init() { benchSuites["interposer"] = benchSuite{order: 10, run: benchInterposer} }
@@ -117,7 +118,7 @@ const (
 // gated, with a grant no run reaches, so each launch takes a ticket and
 // none waits.
 func openBenchGate(ctl string) (*controlblock.LimitsFile, error) {
-	cg, err := controlblock.CgroupOf("/proc", os.Getpid())
+	cg, err := hostcgroup.Of("/proc", os.Getpid())
 	if err != nil {
 		return nil, err
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/collector/kubelet/kubelettest"
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
 
@@ -54,7 +55,7 @@ func TestAgentRemovesControlDirsOfPodsGone(t *testing.T) {
 	gone, live := filepath.Join(agent.ControlDir, allocation.DirName(goneIDs)), filepath.Join(agent.ControlDir, allocation.DirName(liveIDs))
 
 	// The pod's workload, finding its allocation's files under its own key.
-	cg, err := controlblock.CgroupOf("/proc", os.Getpid())
+	cg, err := hostcgroup.Of("/proc", os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}

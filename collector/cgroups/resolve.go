@@ -12,6 +12,8 @@ import (
 	"sync"
 	"syscall"
 	"time"
+
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 )
 
 // Mount returns where the cgroup v2 hierarchy is mounted, from a mountinfo
@@ -85,21 +87,6 @@ func unescapeMountinfo(s string) string {
 }
 
 func isOctal(c byte) bool { return c >= '0' && c <= '7' }
-
-// OfProcess returns a process's cgroup v2 path ("/kubepods/..."), read from
-// <procRoot>/<pid>/cgroup.
-func OfProcess(procRoot string, pid int) (string, error) {
-	b, err := os.ReadFile(filepath.Join(procRoot, fmt.Sprint(pid), "cgroup"))
-	if err != nil {
-		return "", fmt.Errorf("read cgroup of pid %d: %w", pid, err)
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if rest, ok := strings.CutPrefix(line, "0::"); ok {
-			return rest, nil
-		}
-	}
-	return "", fmt.Errorf("pid %d has no cgroup v2 path", pid)
-}
 
 // Resolver maps cgroup ids to paths by walking the cgroup2 tree: a cgroup's
 // id is its directory's inode. It walks again on a miss, at most once per
@@ -274,7 +261,7 @@ func (r *Resolver) CheckPlaced(procRoot, nsRoot string, pids []int) error {
 	tried := 0
 	var first error
 	for _, pid := range pids {
-		p, err := OfProcess(procRoot, pid)
+		p, err := hostcgroup.Of(procRoot, pid)
 		if err != nil {
 			continue
 		}

@@ -16,6 +16,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 	"github.com/gpuwarden/gpuwarden/deploy/deviceplugin"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
 
@@ -91,7 +92,7 @@ func TestSweepRemovesAllocationsOfPodsGone(t *testing.T) {
 
 	// The interposer finds the allocation's files as a container would see
 	// them mounted: under its own key in its control directory.
-	cg, err := controlblock.CgroupOf("/proc", os.Getpid())
+	cg, err := hostcgroup.Of("/proc", os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,9 +1,7 @@
 package controlblock
 
 import (
-	"bufio"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -89,35 +87,6 @@ func KeyPath(key string) (path string, ok bool) {
 	}
 	path = b.String()
 	return path, ContainerKey(path) == key
-}
-
-// CgroupOf returns the cgroup v2 path of a process as /proc/<pid>/cgroup
-// shows it (the "0::" line; on a host without one, the first line's path),
-// as the interposer reads its own. procRoot is normally "/proc".
-func CgroupOf(procRoot string, pid int) (string, error) {
-	f, err := os.Open(filepath.Join(procRoot, fmt.Sprint(pid), "cgroup"))
-	if err != nil {
-		return "", fmt.Errorf("read cgroup of %d: %w", pid, err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	path, first := "/", true
-	for sc.Scan() {
-		parts := strings.SplitN(sc.Text(), ":", 3)
-		if len(parts) != 3 {
-			continue
-		}
-		if strings.HasPrefix(sc.Text(), "0::") {
-			return parts[2], nil
-		}
-		if first {
-			path, first = parts[2], false
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return "", fmt.Errorf("read cgroup of %d: %w", pid, err)
-	}
-	return path, nil
 }
 
 // Paths of one container's control block files.

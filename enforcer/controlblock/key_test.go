@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
 
@@ -74,7 +75,7 @@ func TestKeyMatchesC(t *testing.T) {
 			paths = append(paths, in)
 		}
 	}
-	if own, err := CgroupOf("/proc", os.Getpid()); err == nil {
+	if own, err := hostcgroup.Of("/proc", os.Getpid()); err == nil {
 		paths = append(paths, own)
 	}
 	for _, p := range paths {

@@ -26,10 +26,11 @@ $(BIN)/interposer/gw-bench: $(GW_DIR)/tests/gw_bench.c simgpu/include/cuda.h $(B
 	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -Werror -pthread -Isimgpu/include -o $@ $< \
 		-L$(BIN)/simgpu -l:libcuda.so.1 -Wl,-rpath,'$$ORIGIN/../simgpu'
 
-# The C environment parser on its own, for the Go twin's differential test.
-$(BIN)/interposer/gw-envcheck: $(GW_DIR)/tests/gw_envcheck.c $(GW_DIR)/src/env.c $(GW_DIR)/src/env.h $(GW_DIR)/gpuwarden_abi.h
+# The C environment and cgroup parsers on their own, for the Go twins' differential tests.
+$(BIN)/interposer/gw-envcheck: $(GW_DIR)/tests/gw_envcheck.c $(GW_DIR)/src/env.c $(GW_DIR)/src/env.h \
+		$(GW_DIR)/src/cgroup.c $(GW_DIR)/src/cgroup.h $(GW_DIR)/gpuwarden_abi.h
 	@mkdir -p $(@D)
-	$(CC) -std=gnu11 -O1 -g -Wall -Wextra -Werror $(GW_INC) -o $@ $< $(GW_DIR)/src/env.c
+	$(CC) -std=gnu11 -O1 -g -Wall -Wextra -Werror $(GW_INC) -o $@ $< $(GW_DIR)/src/env.c $(GW_DIR)/src/cgroup.c
 
 # Remote GPUs: the client library a GPU-less node installs as its driver
 # (libcuda.so.1 and libnvidia-ml.so.1 are both this file), and the worker

@@ -16,6 +16,7 @@ import (
 	"unsafe"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
 
@@ -42,7 +43,7 @@ func newBox(t testing.TB, devices int, memory string, env ...string) *box {
 	t.Helper()
 	b := &box{t: t, m: simtest.NewMachine(t, devices, memory), ctl: filepath.Join(t.TempDir(), "ctl"),
 		lib: simtest.Bin(t, "libgpuwarden.so"), env: env}
-	cg, err := controlblock.CgroupOf("/proc", os.Getpid())
+	cg, err := hostcgroup.Of("/proc", os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -105,8 +105,8 @@ func TestMalformed(t *testing.T) {
 }
 
 // TestCFuzzers builds the libFuzzer harnesses of the C environment parser,
-// the control-block checks and the remote protocol's frame decoder, and runs
-// them briefly.
+// the control-block checks, the remote protocol's frame decoder and the
+// /proc/self/cgroup parser, and runs them briefly.
 func TestCFuzzers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fuzzing is not short")
@@ -117,6 +117,7 @@ func TestCFuzzers(t *testing.T) {
 		"-I", filepath.Join(dir, "remote")}
 	for _, h := range []struct{ harness, src string }{
 		{"fuzz_env.c", "src/env.c"}, {"fuzz_controlblock.c", "src/cbcheck.c"}, {"fuzz_frame.c", "remote/decode.c"},
+		{"fuzz_cgroup.c", "src/cgroup.c"},
 	} {
 		bin := filepath.Join(t.TempDir(), strings.TrimSuffix(h.harness, ".c"))
 		args := append([]string{"-g", "-O1", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all", "-o", bin},

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
 )
 
@@ -24,7 +25,7 @@ type PidMapper func(pid uint32) (key string, ok bool)
 // agent's view of the host's processes).
 func CgroupPidMapper(procRoot string) PidMapper {
 	return func(pid uint32) (string, bool) {
-		cg, err := controlblock.CgroupOf(procRoot, int(pid))
+		cg, err := hostcgroup.Of(procRoot, int(pid))
 		if err != nil {
 			return "", false
 		}

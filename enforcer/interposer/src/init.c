@@ -11,6 +11,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "cgroup.h"
 #include "internal.h"
 
 _Atomic int gw_state;
@@ -52,26 +53,6 @@ static const char *get_env(const char *name, void *arg) {
     return getenv(name);
 }
 
-/* own_cgroup reads this process's cgroup v2 path from /proc/self/cgroup. */
-static void own_cgroup(char *out, size_t n) {
-    snprintf(out, n, "/");
-    FILE *f = fopen("/proc/self/cgroup", "re");
-    if (!f) return;
-    char line[4096];
-    int first = 1;
-    while (fgets(line, sizeof line, f)) {
-        line[strcspn(line, "\n")] = 0;
-        char *path = strchr(line, ':');
-        path = path ? strchr(path + 1, ':') : NULL;
-        if (!path) continue;
-        /* the unified hierarchy's line "0::/path"; a v1-only host: its first line */
-        if (!strncmp(line, "0::", 3) || first) snprintf(out, n, "%s", path + 1);
-        first = 0;
-        if (!strncmp(line, "0::", 3)) break;
-    }
-    fclose(f);
-}
-
 static void atfork_prepare(void) {
     pthread_mutex_lock(&act_mu);
     gw_context_atfork(0);
@@ -103,14 +84,17 @@ static void atfork_child(void) {
 }
 
 static void core_init(void) {
-    char err[768], cg[GW_CGROUP_PATH_MAX], key[256];
+    char err[768], cg[GW_CGROUP_V2_PATH_MAX], key[256];
     if (gw_env_parse(get_env, NULL, &gw_env, err, sizeof err)) {
         gw_fatal("%s", err);
         atomic_store(&gw_state, GW_FAILED);
         return;
     }
-    own_cgroup(cg, sizeof cg);
-    if (gw_container_key(cg, key, sizeof key) < 0 ||
+    /* The whole path, as the agent reads it, keys the control directory
+     * (the ledger keeps its first GW_CGROUP_PATH_MAX - 1 bytes); without
+     * one every hook fails, as with any control block it cannot trust. */
+    if (gw_cgroup_read("/proc/self/cgroup", cg, sizeof cg, err, sizeof err) ||
+        gw_container_key(cg, key, sizeof key) < 0 ||
         gw_ledger_open(gw_env.control_dir, key, cg, err, sizeof err) || gw_limits_open(err, sizeof err)) {
         gw_fatal("%s", err);
         atomic_store(&gw_state, GW_FAILED);

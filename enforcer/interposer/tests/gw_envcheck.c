@@ -2,11 +2,14 @@
  * parser and prints the result, for the Go twin's differential test:
  *   ok mem=<b0>,...,<b15> set=<0|1> weight=W limit=L priority=P dir=D
  *   error <message>
- * With --key PATH it prints the container key of a cgroup path instead. */
+ * With --key PATH it prints the container key of a cgroup path instead;
+ * with --cgroup FILE the cgroup v2 path read from a /proc/<pid>/cgroup file
+ * ("ok <path>" or "error <message>"). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "cgroup.h"
 #include "env.h"
 
 static const char *get(const char *name, void *arg) {
@@ -19,6 +22,12 @@ int main(int argc, char **argv) {
         char key[256];
         if (gw_container_key(argv[2], key, sizeof key) < 0) return 1;
         printf("%s\n", key);
+        return 0;
+    }
+    if (argc == 3 && !strcmp(argv[1], "--cgroup")) {
+        char path[GW_CGROUP_V2_PATH_MAX], err[768];
+        if (gw_cgroup_read(argv[2], path, sizeof path, err, sizeof err)) printf("error %s\n", err);
+        else printf("ok %s\n", path);
         return 0;
     }
     struct gw_env e;

@@ -1,16 +1,13 @@
 package relay
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"net"
-	"os"
-	"path/filepath"
-	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 )
 
 // soPeerPIDFD is SO_PEERPIDFD (Linux 6.5): a pidfd of the process that
@@ -51,7 +48,7 @@ func peerCgroup(procRoot string, c *net.UnixConn) (int, string, error) {
 	default:
 		return pid, "", fmt.Errorf("SO_PEERPIDFD: %w (the peer is gone)", fdErr)
 	}
-	cg, err := cgroupOf(procRoot, pid)
+	cg, err := hostcgroup.Of(procRoot, pid)
 	if err != nil {
 		return pid, "", err
 	}
@@ -61,20 +58,4 @@ func peerCgroup(procRoot string, c *net.UnixConn) (int, string, error) {
 		}
 	}
 	return pid, cg, nil
-}
-
-// cgroupOf is a process's cgroup v2 path.
-func cgroupOf(procRoot string, pid int) (string, error) {
-	f, err := os.Open(filepath.Join(procRoot, strconv.Itoa(pid), "cgroup"))
-	if err != nil {
-		return "", fmt.Errorf("its cgroup: %w", err)
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if p, ok := strings.CutPrefix(sc.Text(), "0::"); ok {
-			return p, nil
-		}
-	}
-	return "", fmt.Errorf("process %d has no cgroup v2 path", pid)
 }

@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 )
 
 // A process started with this variable connects to the socket it names
@@ -51,7 +53,7 @@ func TestPeerCgroupOfLivePeer(t *testing.T) {
 	}
 	defer s.Close()
 	pid, cg, err := peerCgroup("/proc", s)
-	want, werr := cgroupOf("/proc", os.Getpid())
+	want, werr := hostcgroup.Of("/proc", os.Getpid())
 	if err != nil || werr != nil || pid != os.Getpid() || cg != want {
 		t.Fatalf("peerCgroup = %d %q %v; want %d %q (%v)", pid, cg, err, os.Getpid(), want, werr)
 	}

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/client"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
 )
@@ -61,7 +62,7 @@ func TestRelaySockets(t *testing.T) {
 		t.Fatalf("a refused peer read %d bytes, %v; want EOF", n, err)
 	}
 	c.Close()
-	own, _ := cgroupOf("/proc", os.Getpid())
+	own, _ := hostcgroup.Of("/proc", os.Getpid())
 	if got := <-seen; got != dir+" "+own {
 		t.Fatalf("identified %q, want %q", got, dir+" "+own)
 	}

@@ -22,6 +22,7 @@ import (
 	"unsafe"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
 	"github.com/gpuwarden/gpuwarden/enforcer/scheduler"
 )
@@ -111,7 +112,7 @@ func Start(m Machine, cfg scheduler.Config, gs scheduler.GPUSettings) (*Run, err
 	if err != nil {
 		return nil, err
 	}
-	cg, err := controlblock.CgroupOf("/proc", os.Getpid())
+	cg, err := hostcgroup.Of("/proc", os.Getpid())
 	if err != nil {
 		return nil, err
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
 	"github.com/gpuwarden/gpuwarden/enforcer/control"
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 
 	"golang.org/x/sys/unix"
 
@@ -165,7 +166,7 @@ func (r *breaches) stoppable(path string) error {
 	if path == "/" || path == "" {
 		return errors.New("the root cgroup is never stopped")
 	}
-	own, err := cgroups.OfProcess(r.a.cfg.Paths.Proc, os.Getpid())
+	own, err := hostcgroup.Of(r.a.cfg.Paths.Proc, os.Getpid())
 	if err != nil {
 		return fmt.Errorf("cannot tell the agent's own cgroup: %w", err)
 	}
@@ -238,7 +239,7 @@ func (r *breaches) killIn(path string, p agentapi.Process) error {
 	if st, err := claims.StartTime(r.a.cfg.Paths.Proc, pid); err != nil || st != p.StartTime {
 		return fmt.Errorf("pid %d is no longer the process judged", pid)
 	}
-	now, err := cgroups.OfProcess(r.a.cfg.Paths.Proc, pid)
+	now, err := hostcgroup.Of(r.a.cfg.Paths.Proc, pid)
 	if err != nil || cgroups.HostPath(r.a.nsRoot, now) != path {
 		return fmt.Errorf("pid %d is no longer in %s", pid, path)
 	}

@@ -7,6 +7,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
 	"github.com/gpuwarden/gpuwarden/collector/claims"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/enforcer/membership"
 	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
 	"github.com/gpuwarden/gpuwarden/enforcer/settings"
@@ -32,7 +33,7 @@ func (a *Agent) startEnforcement(resolver *cgroups.Resolver, verifier *claims.Ve
 			return ok
 		},
 		CgroupOf: func(pid int) (string, error) {
-			path, err := cgroups.OfProcess(a.cfg.Paths.Proc, pid)
+			path, err := hostcgroup.Of(a.cfg.Paths.Proc, pid)
 			return cgroups.HostPath(a.nsRoot, path), err
 		},
 		PodContainer: func(name string) (uint64, bool) {
