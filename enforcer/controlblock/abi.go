@@ -11,7 +11,7 @@ import "unsafe"
 // ABI constants, as gpuwarden_abi.h defines them.
 const (
 	ABIMajor      = 1
-	ABIMinor      = 3 // 1: launches and throttled time per device; 2: device mismatches; 3: completion marks
+	ABIMinor      = 4 // 1: launches and throttled time per device; 2: device mismatches; 3: completion marks; 4: gate closes
 	MaxDevices    = 16
 	MaxSlots      = 128
 	CgroupPathMax = 512
@@ -43,7 +43,8 @@ type Gate struct {
 	Grant    uint64    `c:"grant"`
 	Wake     uint32    `c:"wake"`
 	Pad0     uint32    `c:"pad0"`
-	Reserved [6]uint64 `c:"reserved"`
+	Closes   uint64    `c:"closes"`
+	Reserved [5]uint64 `c:"reserved"`
 }
 
 // Limits is the agent's file (struct gw_limits).

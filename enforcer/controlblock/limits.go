@@ -224,7 +224,9 @@ func (f *LimitsFile) RaiseGrant(dev int, grant uint64) error {
 // CloseGrant takes back device dev's grant beyond the tickets taken so far
 // (issued): launches from the next ticket on wait, so released work left
 // unused at the end of a time slice cannot run in another container's. It
-// never raises the grant: launches already waiting keep waiting.
+// never raises the grant: launches already waiting keep waiting. It then
+// counts the close, at which tickets a thread took ahead of its launches
+// lapse (they are among issued, but their launches had not begun).
 func (f *LimitsFile) CloseGrant(dev int, issued uint64) error {
 	if dev < 0 || dev >= MaxDevices {
 		return errors.New("close grant: no such device")
@@ -233,9 +235,11 @@ func (f *LimitsFile) CloseGrant(dev int, issued uint64) error {
 	for {
 		cur := atomic.LoadUint64(&g.Grant)
 		if issued >= cur || atomic.CompareAndSwapUint64(&g.Grant, cur, issued) {
-			return nil
+			break
 		}
 	}
+	atomic.AddUint64(&g.Closes, 1)
+	return nil
 }
 
 // Heartbeat tells the interposers the agent is alive; a gate whose agent is

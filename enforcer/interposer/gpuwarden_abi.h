@@ -30,6 +30,9 @@
  * Minor 3: usage.mark_rec_ns and usage.mark_done_ns, completion marks:
  * when the work launched before a closed gate has run (the agent's clock
  * for a time slice).
+ *
+ * Minor 4: gate.closes, counted by the agent at every close, so that a
+ * thread's tickets taken ahead of its launches (a batch) lapse at a close.
  */
 #ifndef GPUWARDEN_ABI_H
 #define GPUWARDEN_ABI_H
@@ -39,7 +42,7 @@
 #include <stdint.h>
 
 #define GW_ABI_MAJOR 1
-#define GW_ABI_MINOR 3
+#define GW_ABI_MINOR 4
 
 #define GW_MAX_DEVICES 16  /* device ordinals as the container's processes see them */
 #define GW_MAX_SLOTS 128   /* processes per container using the GPU at once */
@@ -54,14 +57,17 @@
 /* One device's launch gate, on a cache line of its own. The agent raises
  * grant and then bumps wake and FUTEX_WAKEs it; a launch holding ticket t
  * (from usage.launches_issued) runs once t <= grant. At the end of the
- * container's time slice the agent lowers grant to the tickets taken, so
- * that what it released and was not used waits for the next slice (a
- * launch that took its ticket just before may still pass). */
+ * container's time slice the agent lowers grant to the tickets taken and
+ * then adds one to closes, so that what it released and was not used waits
+ * for the next slice (a launch that took its ticket just before may still
+ * pass). A thread may take several tickets at once (limits of minor 4); those
+ * it took before a close and has not used lapse when it sees closes move. */
 struct gw_gate {
     _Atomic uint64_t grant;   /* launches allowed on this device, container-wide, since usage was created */
     _Atomic uint32_t wake;    /* futex word: +1 after every grant change */
     uint32_t pad0;
-    uint64_t reserved[6];
+    _Atomic uint64_t closes;  /* minor 4: closes of this gate so far */
+    uint64_t reserved[5];
 };
 
 enum gw_priority { GW_PRIORITY_NORMAL = 0, GW_PRIORITY_HIGH = 1 };
@@ -161,6 +167,7 @@ struct gw_usage {
 
 /* The layout is the ABI: these hold on every compiler that builds it. */
 _Static_assert(sizeof(struct gw_gate) == 64, "gw_gate");
+_Static_assert(offsetof(struct gw_gate, closes) == 16, "gw_gate.closes");
 _Static_assert(offsetof(struct gw_limits, gate) == 256, "gw_limits.gate");
 _Static_assert(sizeof(struct gw_limits) == 2048, "gw_limits");
 _Static_assert(sizeof(struct gw_slot) == 256, "gw_slot");

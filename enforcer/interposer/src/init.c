@@ -76,6 +76,7 @@ static void atfork_child(void) {
     gw_memory_atfork(2);
     pthread_mutex_init(&gw_lim_mu, NULL);
     gw_context_atfork(2);
+    gw_tickets_atfork_child();
     pthread_mutex_init(&act_mu, NULL);
     reaper_running = 0;
     atomic_store(&gw_slot, NULL);

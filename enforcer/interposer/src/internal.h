@@ -156,6 +156,8 @@ void gw_mark_cancel(struct gw_mark *m); /* the launch passes with its mark still
 /* launch.c */
 CUresult gw_gate_wait(CUstream s);
 int gw_thread_dev(void); /* the device of this thread's current context, -1 none */
+void gw_ticket_drop(int dev);         /* this thread gives up its unused gate tickets on dev */
+void gw_tickets_atfork_child(void);   /* a fork child holds none of its parent's tickets */
 
 /* time */
 uint64_t gw_now_ns(void); /* CLOCK_MONOTONIC */

@@ -4,9 +4,11 @@
  * allocation or locked instruction here (a thread's first launch takes a
  * cell). With a gate on any device the launch's device is known, without
  * asking the driver (see launch_dev), and the launch is counted on it too
- * (ledgers of minor 1); the one locked instruction is the gate's ticket. */
+ * (ledgers of minor 1); the one locked instruction is the gate's ticket,
+ * taken for several launches at once where the agent counts its closes. */
 #define _GNU_SOURCE
 #include <linux/futex.h>
+#include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -83,6 +85,68 @@ int gw_thread_dev(void) {
     return now;
 }
 
+/* A thread takes gate tickets a batch at a time (limits of minor 4): one
+ * locked instruction, the ticket counter's compare-and-swap, for up to
+ * GW_BATCH_MAX launches. A launch that returns leaves stores pending on
+ * NVIDIA's driver, and a locked instruction after it waits for them all
+ * (about 150 ns on an H200): a batch pays that once. A batch is at most a
+ * quarter of the grant left, so the tickets it holds stay few where the
+ * grant is short (long kernels); it lapses when the agent closes the gate
+ * (gate.closes moves) or replaces the limits file, and in a fork child,
+ * and a synchronize gives it up (gw_ticket_drop). Lapsed tickets are never
+ * used: the agent counts them as taken, launched by nobody. */
+#define GW_BATCH_MAX 16
+struct gw_batch {
+    uint64_t next, last;          /* tickets next..last are this thread's, unused */
+    uint64_t closes;              /* gate.closes when they were taken */
+    const struct gw_limits *l;    /* the limits file they were taken under */
+};
+static __thread struct gw_batch gw_batch[GW_MAX_DEVICES] __attribute__((tls_model("initial-exec")));
+
+/* next_ticket takes the batch's next ticket in one instruction, so that a
+ * signal handler that launches on this thread never gets the same one. */
+static inline uint64_t next_ticket(uint64_t *next) {
+#if defined(__x86_64__)
+    uint64_t t = 1;
+    __asm__ volatile("xaddq %0, %1" : "+r"(t), "+m"(*next) : : "memory");
+    return t;
+#else
+    return atomic_fetch_add_explicit((_Atomic uint64_t *)next, 1, memory_order_relaxed);
+#endif
+}
+
+/* take_ticket is this launch's ticket on dev's gate g. */
+static uint64_t take_ticket(const struct gw_limits *l, struct gw_gate *g, int dev) {
+    _Atomic uint64_t *issued = &gw_usage->launches_issued[dev];
+    if (__atomic_load_n(&l->abi_minor, __ATOMIC_RELAXED) < 4) return atomic_fetch_add(issued, 1) + 1;
+    struct gw_batch *b = &gw_batch[dev];
+    uint64_t closes = atomic_load_explicit(&g->closes, memory_order_acquire);
+    if (GW_LIKELY(b->closes == closes && b->l == l)) {
+        uint64_t t = next_ticket(&b->next);
+        if (GW_LIKELY(t <= b->last)) return t;
+    }
+    uint64_t cur = atomic_load_explicit(issued, memory_order_relaxed), n;
+    do {
+        uint64_t grant = atomic_load(&g->grant);
+        n = grant > cur ? (grant - cur) / 4 : 0;
+        n = n < 1 ? 1 : n > GW_BATCH_MAX ? GW_BATCH_MAX : n;
+    } while (!atomic_compare_exchange_weak(issued, &cur, cur + n));
+    /* last first and last again: a handler that runs in between finds the
+     * batch empty and takes its own (which this one then replaces, unused) */
+    b->last = 0;
+    atomic_signal_fence(memory_order_seq_cst);
+    b->closes = closes, b->l = l, b->next = cur + 2;
+    atomic_signal_fence(memory_order_seq_cst);
+    b->last = cur + n;
+    return cur + 1;
+}
+
+void gw_ticket_drop(int dev) {
+    if (dev >= 0 && dev < GW_MAX_DEVICES) gw_batch[dev].last = 0;
+}
+
+void gw_tickets_atfork_child(void) { memset(gw_batch, 0, sizeof gw_batch); }
+
 /* gw_gate_wait counts the launch on the current device, takes a ticket
  * there and waits until the agent's grant covers it, the gate is lifted, or
  * the agent falls silent: then until the grant, reckoned on at the agent's
@@ -103,7 +167,7 @@ __attribute__((noinline)) CUresult gw_gate_wait(CUstream s) {
     if (!(atomic_load(&gw_snap_gate_mask) & bit)) return CUDA_SUCCESS;
     struct gw_gate *g = &l->gate[dev];
     struct pace *p = &pace[dev];
-    uint64_t ticket = atomic_fetch_add(&gw_usage->launches_issued[dev], 1) + 1;
+    uint64_t ticket = take_ticket(l, g, dev);
     if (GW_LIKELY(!atomic_load_explicit(&gw_limits_bad_since, memory_order_relaxed))) {
         uint64_t grant = atomic_load(&g->grant);
         pace_note(p, atomic_load_explicit(&l->heartbeat_ns, memory_order_relaxed), grant);

@@ -75,11 +75,14 @@ void gw_mark_cancel(struct gw_mark *m) {
     m->ev = NULL;
 }
 
-/* synced marks the thread's device done now, where its gate is on. */
+/* synced marks the thread's device done now, where its gate is on: every
+ * ticket taken, the thread's unused batch given up first, so that the mark
+ * never speaks for a launch of its own still to come. */
 static void synced(void) {
     if (gw_usage_minor < 3 || !atomic_load_explicit(&gw_snap_gate_mask, memory_order_relaxed)) return;
     int dev = gw_thread_dev();
     if (dev < 0 || dev >= GW_MAX_DEVICES || !(atomic_load(&gw_snap_gate_mask) & (1u << dev))) return;
+    gw_ticket_drop(dev);
     uint64_t now = gw_now_ns();
     put_mark(dev, atomic_load(&gw_usage->launches_issued[dev]), now, now);
 }
