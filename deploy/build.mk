@@ -18,6 +18,7 @@ TEST_EXTRA += chart-test
 # `bin/gpu-check/run.sh OUTDIR`. Its tools link libcuda.so.1 without an
 # rpath, so on a GPU machine they load NVIDIA's driver; simgpu's copy rides
 # along for --simulate, which `make test` runs (deploy/gpucheck's test).
+# lib/launch-shim-{tail,add,lock}.so are part 5's three launch wrappers.
 GPU_CHECK     := $(BIN)/gpu-check
 GPU_CHECK_MAX := 62914560 # 60 MiB
 
@@ -32,6 +33,11 @@ gpu-check: build ## Build the real-GPU check's bundle into bin/gpu-check (run.sh
 	cp simgpu/include/cuda.h simgpu/include/nvml.h $(GPU_CHECK)/include/simgpu/
 	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -Werror -pthread -Isimgpu/include -o $(GPU_CHECK)/tools/cuda-alloc \
 		bpf/testdata/cuda_alloc.c -L$(BIN)/simgpu -l:libcuda.so.1
+	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -Werror -pthread -Isimgpu/include -o $(GPU_CHECK)/tools/calibrate \
+		deploy/gpu-check/calibrate.c -L$(BIN)/simgpu -l:libcuda.so.1 -l:libnvidia-ml.so.1
+	$(foreach s,tail:0 add:1 lock:2,$(CC) -std=gnu11 -O2 -g -Wall -Wextra -Werror -fPIC -shared -Isimgpu/include \
+		-DGW_SHIM_AFTER=$(lastword $(subst :, ,$(s))) -o $(GPU_CHECK)/lib/launch-shim-$(firstword $(subst :, ,$(s))).so \
+		deploy/gpu-check/launch_shim.c -ldl &&) true
 	@size=$$(du -sb $(GPU_CHECK) | cut -f1); echo "gpu-check: $(GPU_CHECK) is $$((size / 1048576)) MiB"; \
 		[ $$size -le $(GPU_CHECK_MAX) ] || { echo "gpu-check: the bundle is over 60 MiB" >&2; exit 1; }
 

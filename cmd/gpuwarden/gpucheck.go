@@ -12,7 +12,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/deploy/gpucheck"
 )
 
-const gpuCheckUsage = `usage: gpuwarden gpu-check --bundle DIR [--simulate] [--budget 7m] [--cuda-include DIR] [--python python3] [--parts 1,3] OUTDIR
+const gpuCheckUsage = `usage: gpuwarden gpu-check --bundle DIR [--simulate] [--budget 9m] [--cuda-include DIR] [--python python3] [--parts 1,3] OUTDIR
 
 Runs the real-GPU check from a bundle built by 'make gpu-check' (its run.sh
 calls this) and writes OUTDIR/report.md, OUTDIR/declarations.md and
@@ -26,14 +26,14 @@ func runGPUCheck(args []string, stdout, stderr io.Writer) int {
 	o := gpucheck.Options{Log: stderr}
 	fs.StringVar(&o.Bundle, "bundle", "", "the bundle directory")
 	fs.BoolVar(&o.Simulate, "simulate", false, "run on simgpu instead of NVIDIA's driver")
-	fs.DurationVar(&o.Budget, "budget", 0, "the whole run's time (default 7m; 4m with --simulate)")
+	fs.DurationVar(&o.Budget, "budget", 0, "the whole run's time (default 9m; 4m with --simulate)")
 	fs.StringVar(&o.CUDAInclude, "cuda-include", "", "directory of NVIDIA's cuda.h and nvml.h (default: beside nvcc)")
 	fs.StringVar(&o.Python, "python", "", "the Python that has PyTorch (default python3)")
 	fs.Func("parts", "run only these parts, e.g. 1,3 (default: all)", func(v string) error {
 		for _, f := range strings.Split(v, ",") {
 			n, err := strconv.Atoi(strings.TrimSpace(f))
-			if err != nil || n < 1 || n > 5 {
-				return fmt.Errorf("want part numbers 1-5, got %q", f)
+			if err != nil || n < 1 || n > gpucheck.PartCount() {
+				return fmt.Errorf("want part numbers 1-%d, got %q", gpucheck.PartCount(), f)
 			}
 			o.Parts = append(o.Parts, n)
 		}
@@ -48,7 +48,7 @@ func runGPUCheck(args []string, stdout, stderr io.Writer) int {
 	}
 	o.Out = fs.Arg(0)
 	if o.Budget == 0 {
-		o.Budget = 7 * time.Minute
+		o.Budget = 9 * time.Minute
 		if o.Simulate {
 			o.Budget = 4 * time.Minute
 		}

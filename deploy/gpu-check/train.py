@@ -1,7 +1,8 @@
 """train: ResNet-50 training on synthetic data in FP16 (autocast), as cGPU's
 published table runs it. Prints "ready" after the warm-up steps, then
-"progress <unix time> <images trained>" about four times a second and
-"images_per_sec <rate>" at the end."""
+"progress <unix time> <images trained> <device ms>" about four times a second
+and "images_per_sec <rate>" at the end. Device ms sums each step's span on
+the GPU, between CUDA events recorded before and after the step."""
 import argparse
 import time
 
@@ -37,14 +38,32 @@ for _ in range(a.warmup):
 torch.cuda.synchronize()
 print("ready", flush=True)
 images, start, last = 0, time.time(), 0.0
+device_ms, pending = 0.0, []
+
+
+def device_time():
+    """Adds the finished steps' spans; the caller has synchronized."""
+    global device_ms
+    for s, e in pending:
+        device_ms += s.elapsed_time(e)
+    pending.clear()
+
+
 while time.time() - start < a.seconds:
+    s = torch.cuda.Event(enable_timing=True)
+    e = torch.cuda.Event(enable_timing=True)
+    s.record()
     step()
+    e.record()
+    pending.append((s, e))
     images += a.batch
     if time.time() - last >= 0.25:
         torch.cuda.synchronize()  # count finished work only
+        device_time()
         last = time.time()
-        print(f"progress {last:.3f} {images}", flush=True)
+        print(f"progress {last:.3f} {images} {device_ms:.3f}", flush=True)
 torch.cuda.synchronize()
+device_time()
 end = time.time()
-print(f"progress {end:.3f} {images}", flush=True)
+print(f"progress {end:.3f} {images} {device_ms:.3f}", flush=True)
 print(f"images_per_sec {images / (end - start):.1f}", flush=True)

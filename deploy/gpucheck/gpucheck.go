@@ -31,7 +31,7 @@ type Options struct {
 	Budget      time.Duration // the whole run; parts left when it runs out are skipped
 	CUDAInclude string        // NVIDIA's headers; empty: found beside nvcc or in /usr/local/cuda
 	Python      string        // the Python that has PyTorch; empty: python3
-	Parts       []int         // the parts to run (1-5); empty: all
+	Parts       []int         // the parts to run (1-6); empty: all
 	Log         io.Writer     // progress lines
 }
 
@@ -49,6 +49,7 @@ var parts = []part{
 	{"3. Probes on the real libcuda", 0.05, checkProbes},
 	{"4. Shares on real kernels", 0.50, checkShares},
 	{"5. Overhead", 0.33, checkOverhead},
+	{"6. Calibration: what simgpu's h200 model needs", 0.05, checkCalibration},
 }
 
 // Run runs every part and writes report.md and bench.txt into o.Out. It
@@ -96,6 +97,9 @@ func Run(o Options) (bool, error) {
 	}
 	return !rep.failed(), nil
 }
+
+// PartCount is how many parts there are, for --parts.
+func PartCount() int { return len(parts) }
 
 // sharesFrom is the sum of the shares of parts i and after.
 func sharesFrom(i int) float64 {

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,15 +21,17 @@ type trainer struct {
 	cg        *cgroup
 	readyOnce func()
 
-	mu     sync.Mutex
-	at     time.Time // of the latest progress line (PyTorch)
-	images float64
-	final  float64 // images/s the program printed at its end
-	stderr strings.Builder
-	ready  chan struct{}
+	mu       sync.Mutex
+	at       time.Time // of the latest progress line
+	images   float64
+	deviceMs float64 // the steps' summed spans on the GPU, by CUDA events
+	final    float64 // images/s the program printed at its end
+	stderr   strings.Builder
+	ready    chan struct{}
 }
 
-// Simulated training: 8 kernels of 2 ms a step, 32 images a step.
+// Simulated training: 8 kernels of 2 ms a step, 32 images a step (the
+// workload's --progress prints its lines as train.py does).
 const (
 	simKernels = 8
 	simBatch   = 32
@@ -44,7 +47,7 @@ func (e *env) startTrainer(ctx context.Context, env []string, cg *cgroup, batch 
 	var cmd *exec.Cmd
 	if e.o.Simulate {
 		cmd = e.command(ctx, env, e.bundlePath("simgpu", "workload"), "--seconds", s, "--kernels", strconv.Itoa(simKernels),
-			"--kernel-ns", strconv.Itoa(kernelNs), "--batch", strconv.Itoa(simBatch), "--label", "train")
+			"--kernel-ns", strconv.Itoa(kernelNs), "--batch", strconv.Itoa(simBatch), "--label", "train", "--progress")
 	} else {
 		cmd = e.command(ctx, env, e.python(), e.bundlePath("src", "train.py"), "--batch", strconv.Itoa(batch), "--seconds", s)
 	}
@@ -76,11 +79,15 @@ func (t *trainer) line(l string) {
 	switch {
 	case len(f) > 0 && f[0] == "ready":
 		t.readyOnce()
-	case len(f) == 3 && f[0] == "progress":
+	case (len(f) == 3 || len(f) == 4) && f[0] == "progress":
 		sec, _ := strconv.ParseFloat(f[1], 64)
 		n, _ := strconv.ParseFloat(f[2], 64)
+		var dev float64
+		if len(f) == 4 {
+			dev, _ = strconv.ParseFloat(f[3], 64)
+		}
 		t.mu.Lock()
-		t.at, t.images = time.Unix(0, int64(sec*1e9)), n
+		t.at, t.images, t.deviceMs = time.Unix(0, int64(sec*1e9)), n, dev
 		t.mu.Unlock()
 	case len(f) == 2 && f[0] == "images_per_sec": // train.py
 		t.setFinal(f[1])
@@ -127,21 +134,15 @@ func (t *trainer) waitReady(ctx context.Context, timeout time.Duration) error {
 	}
 }
 
-// progress is how many images the program has trained, and when: from its
-// own lines (PyTorch), or from the launches the agent counted (simgpu's
-// workload: a step is simKernels launches of simBatch images).
-func (t *trainer) progress(a *agent) (time.Time, float64, error) {
-	if !t.e.o.Simulate {
-		t.mu.Lock()
-		defer t.mu.Unlock()
-		if t.at.IsZero() {
-			return t.at, 0, fmt.Errorf("no progress yet")
-		}
-		return t.at, t.images, nil
+// progress is how many images the program has trained, its device ms,
+// and when, from its latest progress line.
+func (t *trainer) progress() (time.Time, float64, float64, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.at.IsZero() {
+		return t.at, 0, 0, fmt.Errorf("no progress yet")
 	}
-	now := time.Now()
-	c, err := a.container(t.cg)
-	return now, c.Launches / simKernels * simBatch, err
+	return t.at, t.images, t.deviceMs, nil
 }
 
 // finalRate waits for the program to end and returns the rate it printed.
@@ -166,34 +167,49 @@ type shareRow struct {
 	policy   string // set with `gpuwarden ctl gpu 0` first; "" leaves the GPU as it is
 	wa, wb   int    // weights
 	target   float64
+	solo     bool // measure b alone after the pair (rows of the same settings share it)
 }
 
-// timing says how long each phase of a row takes.
+// soloKey names a row's training settings, whose solo rate rows share.
+func (row shareRow) soloKey() string { return fmt.Sprintf("%d/%d", row.batch, row.kernelNs) }
+
+// timing says how long each phase of a row takes: the pair is measured
+// in runs back-to-back windows, then one container alone for solo.
 type timing struct {
-	ready, settle, window time.Duration
+	ready, settle, window, solo time.Duration
+	runs                        int
 }
 
 func (e *env) shareTiming() timing {
 	if e.o.Simulate {
-		return timing{ready: 30 * time.Second, settle: 2 * time.Second, window: 6 * time.Second}
+		return timing{ready: 30 * time.Second, settle: 1500 * time.Millisecond, window: 3 * time.Second, solo: 3 * time.Second, runs: 3}
 	}
-	return timing{ready: 120 * time.Second, settle: 3 * time.Second, window: 20 * time.Second}
+	// Five rows in about 4 minutes: each is one start of both trainers
+	// (PyTorch's start and warm-up, about 15 s), 3 windows and a solo.
+	return timing{ready: 120 * time.Second, settle: 3 * time.Second, window: 8 * time.Second, solo: 6 * time.Second, runs: 3}
+}
+
+// rowTime is how long a row runs once both trainers are ready.
+func (tm timing) rowTime() time.Duration {
+	return 2*tm.settle + time.Duration(tm.runs)*tm.window + tm.solo
 }
 
 // checkShares is part 4: two containers at weights 1:2 under the agent, per
-// batch size as cGPU's table; then fixed 30/70.
+// batch size as cGPU's table; then fixed 30/70. Each row's ratio is
+// measured 3 times, by images/s and by the device time CUDA events give
+// each step, beside one container's rate alone at the same settings.
 func checkShares(ctx context.Context, e *env, r *Result) {
 	if os.Geteuid() != 0 {
 		r.Fail("root", "cgroups need root")
 		return
 	}
-	rows := []shareRow{{name: "weighted_1to2_k2ms", kernelNs: 2000000, wa: 1, wb: 2, target: 2},
+	rows := []shareRow{{name: "weighted_1to2_k2ms", kernelNs: 2000000, wa: 1, wb: 2, target: 2, solo: true},
 		{name: "fixed_30_70_k2ms", kernelNs: 2000000, policy: "fixed", wa: 3, wb: 7, target: 7.0 / 3}}
 	tolerance := 0.35 // simgpu on a loaded CI machine: the precise figures are make bench's
 	if !e.o.Simulate {
 		rows = nil
 		for _, b := range []int{16, 32, 64, 128} {
-			rows = append(rows, shareRow{name: fmt.Sprintf("weighted_1to2_batch%d", b), batch: b, wa: 1, wb: 2, target: 2})
+			rows = append(rows, shareRow{name: fmt.Sprintf("weighted_1to2_batch%d", b), batch: b, wa: 1, wb: 2, target: 2, solo: true})
 		}
 		rows = append(rows, shareRow{name: "fixed_30_70_batch64", batch: 64, policy: "fixed", wa: 3, wb: 7, target: 7.0 / 3})
 		tolerance = 0.10
@@ -206,25 +222,31 @@ func checkShares(ctx context.Context, e *env, r *Result) {
 	}
 	defer a.stop()
 	tm := e.shareTiming()
+	solo := map[string]float64{}
 	for _, row := range rows {
-		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < tm.settle+tm.window+20*time.Second {
+		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < tm.rowTime()+20*time.Second {
 			r.Skip(row.name, "out of the part's time")
 			continue
 		}
-		e.shareRow(ctx, a, controlDir, row, tm, tolerance, r)
+		e.shareRow(ctx, a, controlDir, row, tm, tolerance, solo, r)
 	}
-	r.Note("Each row: both containers warm up, then their images/s are measured side by side over %s. "+
-		"A row passes within %.0f%% of its target here; the budget (5%%) is the `_within_budget` figure.", tm.window, tolerance*100)
+	r.Note("Each row: both containers warm up; their ratio is measured in %d back-to-back windows of %s (mean and spread below), "+
+		"then one container alone for %s (its solo rate; the fixed row uses the weighted row's at the same batch). "+
+		"The ratio is judged twice: by images/s, and by device time, each step's span between CUDA events recorded before and after it. "+
+		"A row passes when its mean images/s ratio is within %.0f%% of its target here; the budget (5%%, goal 2%%) is the `_within_budget` figures.",
+		tm.runs, tm.window, tm.solo, tolerance*100)
+	r.Note("A step's span between its events includes any time the GPU gave the other container inside the step, so the device-time ratio " +
+		"reads low when the two containers' steps overlap on the GPU; it is exact only while the scheduler keeps one container's work off the GPU during the other's slice.")
 }
 
-func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row shareRow, tm timing, tolerance float64, r *Result) {
+func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row shareRow, tm timing, tolerance float64, solo map[string]float64, r *Result) {
 	if row.policy != "" {
 		if out, err := e.ctl(a, "gpu", "0", "--policy", row.policy, "--max-inst", "10"); err != nil {
 			r.Fail(row.name, "gpuwarden ctl gpu 0 --policy %s: %v: %s", row.policy, err, out)
 			return
 		}
 	}
-	secs := (tm.ready + tm.settle + tm.window + 10*time.Second).Seconds()
+	secs := (tm.ready + tm.rowTime() + 10*time.Second).Seconds()
 	var ts [2]*trainer
 	for i, w := range []int{row.wa, row.wb} {
 		cg, err := e.cgroup(fmt.Sprintf("%s-%c", row.name, 'a'+i))
@@ -247,35 +269,96 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row sha
 		}
 	}
 	time.Sleep(tm.settle)
-	rates, err := measure(ctx, a, ts[:], tm.window)
-	if err != nil {
-		r.Fail(row.name, "%v", err)
+	p := "shares_" + row.name
+	var ratios, devRatios, sumA, sumB []float64
+	for run := 1; run <= tm.runs; run++ {
+		m, err := measure(ctx, ts[:], tm.window)
+		if err != nil {
+			r.Fail(row.name, "run %d: %v", run, err)
+			return
+		}
+		ratio := m[1].images / math.Max(m[0].images, 1e-9)
+		dev := m[1].device / math.Max(m[0].device, 1e-9)
+		ratios, devRatios = append(ratios, ratio), append(devRatios, dev)
+		sumA, sumB = append(sumA, m[0].images), append(sumB, m[1].images)
+		q := fmt.Sprintf("%s_run%d_", p, run)
+		r.Bench(q+"a_images_per_sec", m[0].images, "images/s")
+		r.Bench(q+"b_images_per_sec", m[1].images, "images/s")
+		r.Bench(q+"ratio", ratio, "ratio")
+		r.Bench(q+"device_ratio", dev, "ratio")
+	}
+	ra, rb := meanOf(sumA), meanOf(sumB)
+	mean, sd := meanOf(ratios), sdOf(ratios)
+	devMean, devSD := meanOf(devRatios), sdOf(devRatios)
+	r.Bench(p+"_a_images_per_sec", ra, "images/s")
+	r.Bench(p+"_b_images_per_sec", rb, "images/s")
+	r.Bench(p+"_ratio", mean, "ratio")
+	r.Bench(p+"_ratio_sd", sd, "ratio")
+	r.Bench(p+"_ratio_min", slices.Min(ratios), "ratio")
+	r.Bench(p+"_ratio_max", slices.Max(ratios), "ratio")
+	r.Bench(p+"_device_ratio", devMean, "ratio")
+	r.Bench(p+"_device_ratio_sd", devSD, "ratio")
+	r.Bench(p+"_target_ratio", row.target, "ratio")
+	r.Bench(p+"_within_budget", float64(btoi(math.Abs(mean/row.target-1) <= 0.05)), "bool")
+	r.Bench(p+"_within_goal", float64(btoi(math.Abs(mean/row.target-1) <= 0.02)), "bool")
+	r.Bench(p+"_device_within_budget", float64(btoi(math.Abs(devMean/row.target-1) <= 0.05)), "bool")
+	r.Bench(p+"_device_within_goal", float64(btoi(math.Abs(devMean/row.target-1) <= 0.02)), "bool")
+	r.Expect(math.Abs(mean/row.target-1) <= tolerance, row.name,
+		"weights %d:%d: %.1f and %.1f images/s, ratio %.3f mean of %s (sd %.3f; target %.3f); by device time %.3f (sd %.3f)",
+		row.wa, row.wb, ra, rb, mean, joinFloats(ratios), sd, row.target, devMean, devSD)
+
+	if row.solo {
+		ts[0].p.stop() // b alone from here
+		time.Sleep(tm.settle)
+		m, err := measure(ctx, ts[1:], tm.solo)
+		if err != nil {
+			r.Fail(row.name+" alone", "%v", err)
+			return
+		}
+		solo[row.soloKey()] = m[0].images
+	}
+	s, ok := solo[row.soloKey()]
+	if !ok || s <= 0 {
+		r.Skip(row.name+" alone", "no solo rate at these settings")
 		return
 	}
-	ratio := rates[1] / math.Max(rates[0], 1e-9)
-	r.Bench("shares_"+row.name+"_a_images_per_sec", rates[0], "images/s")
-	r.Bench("shares_"+row.name+"_b_images_per_sec", rates[1], "images/s")
-	r.Bench("shares_"+row.name+"_ratio", ratio, "ratio")
-	r.Bench("shares_"+row.name+"_target_ratio", row.target, "ratio")
-	r.Bench("shares_"+row.name+"_within_budget", float64(btoi(math.Abs(ratio/row.target-1) <= 0.05)), "bool")
-	r.Expect(math.Abs(ratio/row.target-1) <= tolerance, row.name, "weights %d:%d: %.1f and %.1f images/s, ratio %.3f (target %.3f)",
-		row.wa, row.wb, rates[0], rates[1], ratio, row.target)
+	// Alone, each would take more than its share of what the pair gets:
+	// the row tests the scheduler, not a container's own limit.
+	total := ra + rb
+	shareA, shareB := float64(row.wa)/float64(row.wa+row.wb), float64(row.wb)/float64(row.wa+row.wb)
+	overA, overB := s/(shareA*total), s/(shareB*total)
+	r.Bench(p+"_solo_images_per_sec", s, "images/s")
+	r.Bench(p+"_sum_over_solo", total/s, "ratio")
+	r.Bench(p+"_a_solo_over_share", overA, "ratio")
+	r.Bench(p+"_b_solo_over_share", overB, "ratio")
+	detail := fmt.Sprintf("one container alone: %.1f images/s, %.2fx container a's share of the pair's %.1f and %.2fx b's; "+
+		"the pair's sum is %.3f of solo", s, overA, total, overB, total/s)
+	if e.o.Simulate {
+		// simgpu's workload alone leaves the engine partly idle (a sync a
+		// step), so b's demand may sit at its share: reported, not judged.
+		r.Pass(row.name+" alone", "%s (simulation: reported only)", detail)
+		return
+	}
+	r.Expect(overA > 1 && overB > 1, row.name+" alone", "%s", detail)
 }
 
-// measure is each trainer's images/s over the same window.
-func measure(ctx context.Context, a *agent, ts []*trainer, window time.Duration) ([]float64, error) {
+// rate is one trainer's images/s and device ms per s over a window.
+type rate struct{ images, device float64 }
+
+// measure is each trainer's rates over the same window.
+func measure(ctx context.Context, ts []*trainer, window time.Duration) ([]rate, error) {
 	type mark struct {
-		at     time.Time
-		images float64
+		at          time.Time
+		images, dev float64
 	}
 	snap := func() ([]mark, error) {
 		var out []mark
 		for i, t := range ts {
-			at, n, err := t.progress(a)
+			at, n, dev, err := t.progress()
 			if err != nil {
 				return nil, fmt.Errorf("container %c: %w", 'a'+i, err)
 			}
-			out = append(out, mark{at, n})
+			out = append(out, mark{at, n, dev})
 		}
 		return out, nil
 	}
@@ -292,11 +375,39 @@ func measure(ctx context.Context, a *agent, ts []*trainer, window time.Duration)
 	if err != nil {
 		return nil, err
 	}
-	rates := make([]float64, len(ts))
+	rates := make([]rate, len(ts))
 	for i := range ts {
 		if dt := m1[i].at.Sub(m0[i].at).Seconds(); dt > 0 {
-			rates[i] = (m1[i].images - m0[i].images) / dt
+			rates[i] = rate{(m1[i].images - m0[i].images) / dt, (m1[i].dev - m0[i].dev) / dt}
 		}
 	}
 	return rates, nil
+}
+
+func meanOf(v []float64) float64 {
+	sum := 0.0
+	for _, x := range v {
+		sum += x
+	}
+	return sum / math.Max(float64(len(v)), 1)
+}
+
+// sdOf is the sample standard deviation.
+func sdOf(v []float64) float64 {
+	if len(v) < 2 {
+		return 0
+	}
+	m, ss := meanOf(v), 0.0
+	for _, x := range v {
+		ss += (x - m) * (x - m)
+	}
+	return math.Sqrt(ss / float64(len(v)-1))
+}
+
+func joinFloats(v []float64) string {
+	var s []string
+	for _, x := range v {
+		s = append(s, strconv.FormatFloat(x, 'f', 3, 64))
+	}
+	return strings.Join(s, ", ")
 }

@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stddef.h>
 #include <linux/futex.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,21 +105,110 @@ static int env_int(const char *name, int def, int lo, int hi) {
     return (int)n;
 }
 
-struct sg_model sg_model;
-
-/* NVIDIA documents the sample period as 1/6 s to 1 s, depending on the product. */
+/* The h200 model's built-in values, as simgpu/models/h200.profile lists
+ * them. NVIDIA documents the NVML sample period as 1/6 s to 1 s, depending
+ * on the product, and a default time slice between contexts of 1024 us
+ * (Volta and later). */
 #define SG_H200_NVML_PERIOD_US 166667ull
+#define SG_H200_TIMESLICE_NS 1024000ull
+
+/* The slice is set in the exact model too: run_for computes with it. */
+struct sg_model sg_model = {.time_slice_ns = SG_H200_TIMESLICE_NS};
+
+/* The keys a profile may set, each with its bounds. */
+static const struct {
+    const char *key;
+    size_t off;
+    uint64_t lo, hi;
+} profile_keys[] = {
+    {"nvml_sample_period_us", offsetof(struct sg_model, nvml_period_us), 1000, 60000000},
+    {"time_slice_ns", offsetof(struct sg_model, time_slice_ns), 10000, 1000000000},
+};
+#define SG_PROFILE_KEYS (sizeof profile_keys / sizeof profile_keys[0])
+
+/* profile_line parses one line into *m: blank, "# comment", or
+ * "key = value" with an optional trailing comment; value is a decimal
+ * integer. Returns NULL, or what is wrong. seen marks keys already set. */
+static const char *profile_line(char *line, struct sg_model *m, int *seen) {
+    char *hash = strchr(line, '#');
+    if (hash) *hash = 0;
+    char *p = line;
+    while (*p == ' ' || *p == '\t' || *p == '\r') p++;
+    if (!*p) return NULL;
+    char *key = p;
+    while ((*p >= 'a' && *p <= 'z') || (*p >= '0' && *p <= '9') || *p == '_') p++;
+    size_t keylen = (size_t)(p - key);
+    while (*p == ' ' || *p == '\t') p++;
+    if (!keylen || *p != '=') return "want \"key = value\"";
+    p++;
+    while (*p == ' ' || *p == '\t') p++;
+    if (*p < '0' || *p > '9') return "the value is not a decimal integer";
+    uint64_t v = 0;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        if (v > (UINT64_MAX - 9) / 10) return "the value is too large";
+        v = v * 10 + (uint64_t)(*p - '0');
+    }
+    while (*p == ' ' || *p == '\t' || *p == '\r') p++;
+    if (*p) return "the value is not a decimal integer";
+    for (size_t i = 0; i < SG_PROFILE_KEYS; i++) {
+        if (strlen(profile_keys[i].key) != keylen || strncmp(profile_keys[i].key, key, keylen)) continue;
+        if (seen[i]) return "the key is set twice";
+        if (v < profile_keys[i].lo || v > profile_keys[i].hi) return "the value is out of range";
+        seen[i] = 1;
+        *(uint64_t *)((char *)m + profile_keys[i].off) = v;
+        return NULL;
+    }
+    return "unknown key";
+}
+
+/* load_profile applies the file at path to *m; -1, with a message naming
+ * the line, on anything it does not understand. */
+static int load_profile(const char *path, struct sg_model *m) {
+    FILE *f = fopen(path, "re");
+    if (!f) {
+        fprintf(stderr, "simgpu: SIMGPU_PROFILE=%s: %s\n", path, strerror(errno));
+        return -1;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int n = 0, seen[SG_PROFILE_KEYS] = {0}, rc = 0;
+    while (!rc && (len = getline(&line, &cap, f)) >= 0) {
+        n++;
+        const char *bad = NULL;
+        if (len && line[len - 1] == '\n') line[--len] = 0;
+        if (len > 510) bad = "the line is longer than 510 bytes";
+        else if (strlen(line) != (size_t)len) bad = "the line holds a NUL byte";
+        else bad = profile_line(line, m, seen);
+        if (bad) {
+            fprintf(stderr, "simgpu: SIMGPU_PROFILE=%s line %d: %s\n", path, n, bad);
+            rc = -1;
+        }
+    }
+    free(line);
+    if (!rc && ferror(f)) {
+        fprintf(stderr, "simgpu: SIMGPU_PROFILE=%s: read error\n", path);
+        rc = -1;
+    }
+    fclose(f);
+    return rc;
+}
 
 int sg_model_load(void) {
-    struct sg_model m = {0};
-    const char *v = getenv("SIMGPU_MODEL");
+    struct sg_model m = {.time_slice_ns = SG_H200_TIMESLICE_NS};
+    const char *v = getenv("SIMGPU_MODEL"), *profile = getenv("SIMGPU_PROFILE");
     if (v && !strcmp(v, "h200")) {
         m.h200 = 1;
+        m.nvml_period_us = SG_H200_NVML_PERIOD_US;
+        if (profile && *profile && load_profile(profile, &m) < 0) return -1;
         int ms = env_int("SIMGPU_NVML_SAMPLE_MS", 0, 1, 60000);
         if (ms < 0) return -1;
-        m.nvml_period_us = ms ? (uint64_t)ms * 1000 : SG_H200_NVML_PERIOD_US;
+        if (ms) m.nvml_period_us = (uint64_t)ms * 1000;
     } else if (v && *v) {
         fprintf(stderr, "simgpu: SIMGPU_MODEL=%s: want h200, or unset for the exact model\n", v);
+        return -1;
+    } else if (profile && *profile) {
+        fprintf(stderr, "simgpu: SIMGPU_PROFILE=%s: a profile is for SIMGPU_MODEL=h200\n", profile);
         return -1;
     }
     sg_model = m;
@@ -398,8 +488,8 @@ static void wait_until(uint64_t end_ns) {
     }
 }
 
-/* NVIDIA's default time slice between contexts, Volta and later. */
-#define SG_TIMESLICE_NS 1024000ull
+/* The time slice between contexts (h200 model; the profile may set it). */
+#define SG_TIMESLICE_NS (sg_model.time_slice_ns)
 
 /* run_for holds the engine while a kernel with left ns to go runs from
  * start. In the h200 model the GPU time-slices between contexts: slices

@@ -96,11 +96,14 @@ struct sg_state {
  * SIMGPU_MODEL unset (or empty) is exact; "h200" is an H200 on NVIDIA's
  * driver, whose NVML per-process utilization is a sample stream with period
  * SIMGPU_NVML_SAMPLE_MS (default 1/6 s) and whose engine time-slices
- * between contexts, preempting kernels. Every process of a machine must
- * have the same values. */
+ * between contexts, preempting kernels. SIMGPU_PROFILE names a file of
+ * "key = value" lines that override the h200 model's values (the built-in
+ * ones are simgpu/models/h200.profile); SIMGPU_NVML_SAMPLE_MS overrides
+ * both. Every process of a machine must have the same values. */
 struct sg_model {
     int h200;
     uint64_t nvml_period_us;
+    uint64_t time_slice_ns; /* the h200 engine's slice between contexts */
 };
 extern struct sg_model sg_model;
 

@@ -7,7 +7,7 @@
  *            [--batch 32] [--device 0] [--resolve direct|procaddr] [--graph]
  *            [--sync-every-launch] [--hold] [--label NAME] [--launch-cost N] [--try-alloc SIZE]
  *            [--start-after S] [--also-device D [--also-kernels N]] [--hold-after]
- *            [--uneven] [--host-ns N]
+ *            [--uneven] [--host-ns N] [--progress]
  *
  * --try-alloc asks for SIZE more after --alloc and goes on whether or not it
  * gets it, printing "try-alloc <result>": an over-quota attempt. --start-after
@@ -21,6 +21,11 @@
  * --uneven and --host-ns shape a step as a training step is: kernels of
  * uneven lengths (a fixed cycle from a quarter to twice --kernel-ns, the
  * mean --kernel-ns) and N ns of host work (a spin) before each launch.
+ *
+ * --progress prints, after the first step and then about four times a
+ * second, "progress <unix time> <images> <device ms>" as the GPU check's
+ * train.py does: device ms sums each step's span between an event recorded
+ * before its launches and one after them.
  */
 #define _GNU_SOURCE /* RUSAGE_THREAD */
 #include <dlfcn.h>
@@ -39,7 +44,8 @@
     X(cuInit) X(cuDeviceGet) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) X(cuMemAlloc_v2)       \
     X(cuMemFree_v2) X(cuMemsetD8_v2) X(cuModuleLoadData) X(cuModuleGetFunction) X(cuLaunchKernel)  \
     X(cuStreamCreate) X(cuStreamSynchronize) X(cuStreamBeginCapture_v2) X(cuStreamEndCapture)      \
-    X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGetErrorName)
+    X(cuGraphInstantiateWithFlags) X(cuGraphLaunch) X(cuGetErrorName) X(cuEventCreate)          \
+    X(cuEventRecord) X(cuEventElapsedTime)
 
 static struct {
 #define FIELD(name) __typeof__(&name) name;
@@ -113,6 +119,12 @@ static double thread_cpu_s(void) {
     return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) + (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
 }
 
+static double wall_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -143,7 +155,7 @@ int main(int argc, char **argv) {
     unsigned long long alloc = 0, kernel_ns = 100000, try_alloc = 0;
     long steps = 0, kernels = 8, batch = 32, launch_cost = 0;
     double seconds = 0, start_after = 0;
-    int device = 0, graph = 0, sync_each = 0, hold = 0, also_device = -1, hold_after = 0, uneven = 0;
+    int device = 0, graph = 0, sync_each = 0, hold = 0, also_device = -1, hold_after = 0, uneven = 0, progress = 0;
     long host_ns = 0;
     long also_kernels = -1;
     const char *resolve = "direct", *label = "workload";
@@ -166,6 +178,7 @@ int main(int argc, char **argv) {
         else if (OPT("--also-kernels")) also_kernels = atol(v);
         else if (OPT("--host-ns")) host_ns = atol(v);
         else if (!strcmp(a, "--uneven")) uneven = 1;
+        else if (!strcmp(a, "--progress")) progress = 1;
         else if (!strcmp(a, "--graph")) graph = 1;
         else if (!strcmp(a, "--sync-every-launch")) sync_each = 1;
         else if (!strcmp(a, "--hold")) hold = 1;
@@ -264,12 +277,19 @@ int main(int argc, char **argv) {
         struct timespec idle = {(time_t)start_after, (long)((start_after - (double)(time_t)start_after) * 1e9)};
         nanosleep(&idle, NULL);
     }
+    CUevent ev0 = NULL, ev1 = NULL;
+    double device_ms = 0, last_progress = 0;
+    if (progress) {
+        CHECK(cu.cuEventCreate(&ev0, 0));
+        CHECK(cu.cuEventCreate(&ev1, 0));
+    }
     double start = now_s(), end = start, cpu0 = thread_cpu_s();
     long done = 0, launched = 0, also_launched = 0;
     struct sigaction sa = {.sa_handler = on_stop};
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     while (!stopping && ((steps && done < steps) || (seconds && end - start < seconds))) {
+        if (progress) CHECK(cu.cuEventRecord(ev0, stream));
         if (graph) {
             CHECK(cu.cuGraphLaunch(exec, stream));
             launched++;
@@ -292,9 +312,20 @@ int main(int argc, char **argv) {
             CHECK(cu.cuStreamSynchronize(also_stream));
             CHECK(cu.cuCtxSetCurrent(ctx));
         }
+        if (progress) CHECK(cu.cuEventRecord(ev1, stream));
         CHECK(cu.cuStreamSynchronize(stream));
         done++;
         end = now_s();
+        if (progress) {
+            float ms;
+            CHECK(cu.cuEventElapsedTime(&ms, ev0, ev1));
+            device_ms += ms;
+            if (done == 1 || end - last_progress >= 0.25) {
+                printf("progress %.3f %ld %.3f\n", wall_s(), done * batch, device_ms);
+                fflush(stdout);
+                last_progress = end;
+            }
+        }
     }
     double elapsed = end - start;
     printf("BENCH %s_launch_thread_cpu_us_per_step %.3f us\n", label, (thread_cpu_s() - cpu0) * 1e6 / (double)(done ? done : 1));
