@@ -67,8 +67,11 @@ func TestLaunchCountsExactFromThreads(t *testing.T) {
 		if p == nil || p.Launches != want {
 			t.Fatalf("gated %v: slot %+v within %v of the last launch, want %d launches", gated, p, flushWithin, want)
 		}
-		if gated && (p.LaunchesPlaced != want || l.LaunchesDev[0] != want || l.LaunchesIssued[0] != want) {
-			t.Errorf("gated: placed %d, on device 0 %d, tickets %d; want %d each", p.LaunchesPlaced, l.LaunchesDev[0], l.LaunchesIssued[0], want)
+		// tickets: one a launch, and each of the 9 threads' last batch may be left part unused
+		const unusedAtMost = 9 * (ticketBatch - 1)
+		if gated && (p.LaunchesPlaced != want || l.LaunchesDev[0] != want || l.LaunchesIssued[0] < want || l.LaunchesIssued[0] > want+unusedAtMost) {
+			t.Errorf("gated: placed %d, on device 0 %d, tickets %d; want %d, %d and %d-%d", p.LaunchesPlaced, l.LaunchesDev[0],
+				l.LaunchesIssued[0], want, want, want, want+unusedAtMost)
 		}
 		if !gated && (p.LaunchesPlaced != 0 || l.LaunchesDev[0] != 0) {
 			t.Errorf("ungated: placed %d, on device 0 %d; want none", p.LaunchesPlaced, l.LaunchesDev[0])
