@@ -105,35 +105,39 @@ func TestNVMLSampledUtilization(t *testing.T) {
 // process waits, so a process syncing on short kernels beside one running
 // 20 ms kernels waits about a slice for each, not a whole 20 ms kernel.
 func TestModelPreemptsLongKernels(t *testing.T) {
-	workload := simtest.Bin(t, "simgpu/workload")
-	shortRate := func(model string) float64 {
-		m := simtest.NewMachine(t, 1, "16Gi")
-		long := m.Command(workload, "--label", "long", "--seconds", "3", "--kernels", "1", "--kernel-ns", "20000000")
-		short := m.Command(workload, "--label", "short", "--seconds", "2", "--start-after", "0.5", "--kernels", "1",
-			"--kernel-ns", "100000", "--sync-every-launch")
-		for _, c := range []*exec.Cmd{long, short} {
-			c.Env = append(c.Env, "SIMGPU_MODEL="+model)
-		}
-		a, b := simtest.Start(t, long), simtest.Start(t, short)
-		out, err := b.Wait()
-		if err != nil {
-			t.Fatalf("short workload: %v: %s", err, b.Stderr())
-		}
-		if _, err := a.Wait(); err != nil {
-			t.Fatalf("long workload: %v: %s", err, a.Stderr())
-		}
-		mm := regexp.MustCompile(`BENCH short_steps_per_sec ([0-9.]+)`).FindStringSubmatch(out)
-		if mm == nil {
-			t.Fatalf("no rate in %q", out)
-		}
-		v, _ := strconv.ParseFloat(mm[1], 64)
-		return v
-	}
-	exact, h200 := shortRate(""), shortRate("h200")
+	exact, h200 := shortBesideLong(t, "SIMGPU_MODEL="), shortBesideLong(t, "SIMGPU_MODEL=h200")
 	t.Logf("short kernels beside 20 ms ones: %.0f steps/s exact, %.0f under h200", exact, h200)
 	// A 20 ms wait a step allows at most 50 steps/s; a slice's, hundreds.
 	// Wide bounds: this must hold on a loaded 2-core machine.
 	if h200 < 3*exact {
 		t.Errorf("under h200 the short kernels ran %.0f steps/s, want at least 3x the exact model's %.0f", h200, exact)
 	}
+}
+
+// shortBesideLong runs a process syncing on 100 µs kernels beside one running
+// 20 ms kernels, both with env, and returns the short one's steps/s.
+func shortBesideLong(t *testing.T, env ...string) float64 {
+	t.Helper()
+	workload := simtest.Bin(t, "simgpu/workload")
+	m := simtest.NewMachine(t, 1, "16Gi")
+	long := m.Command(workload, "--label", "long", "--seconds", "3", "--kernels", "1", "--kernel-ns", "20000000")
+	short := m.Command(workload, "--label", "short", "--seconds", "2", "--start-after", "0.5", "--kernels", "1",
+		"--kernel-ns", "100000", "--sync-every-launch")
+	for _, c := range []*exec.Cmd{long, short} {
+		c.Env = append(c.Env, env...)
+	}
+	a, b := simtest.Start(t, long), simtest.Start(t, short)
+	out, err := b.Wait()
+	if err != nil {
+		t.Fatalf("short workload: %v: %s", err, b.Stderr())
+	}
+	if _, err := a.Wait(); err != nil {
+		t.Fatalf("long workload: %v: %s", err, a.Stderr())
+	}
+	mm := regexp.MustCompile(`BENCH short_steps_per_sec ([0-9.]+)`).FindStringSubmatch(out)
+	if mm == nil {
+		t.Fatalf("no rate in %q", out)
+	}
+	v, _ := strconv.ParseFloat(mm[1], 64)
+	return v
 }

@@ -2,9 +2,7 @@ package simgpu_test
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -61,35 +59,14 @@ func TestProfileRefusesBadLines(t *testing.T) {
 // past the length of a 20 ms kernel, the engine no longer preempts it, so a
 // process syncing on short kernels beside it waits for whole kernels.
 func TestProfileSetsTheTimeSlice(t *testing.T) {
-	workload := simtest.Bin(t, "simgpu/workload")
 	long := filepath.Join(t.TempDir(), "long-slice.profile")
 	if err := os.WriteFile(long, []byte("time_slice_ns = 50000000 # 50 ms\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	shortRate := func(profile string) float64 {
-		m := simtest.NewMachine(t, 1, "16Gi")
-		lng := m.Command(workload, "--label", "long", "--seconds", "3", "--kernels", "1", "--kernel-ns", "20000000")
-		short := m.Command(workload, "--label", "short", "--seconds", "2", "--start-after", "0.5", "--kernels", "1",
-			"--kernel-ns", "100000", "--sync-every-launch")
-		for _, c := range []*exec.Cmd{lng, short} {
-			c.Env = append(c.Env, "SIMGPU_MODEL=h200", "SIMGPU_PROFILE="+profile)
-		}
-		a, b := simtest.Start(t, lng), simtest.Start(t, short)
-		out, err := b.Wait()
-		if err != nil {
-			t.Fatalf("short workload: %v: %s", err, b.Stderr())
-		}
-		if _, err := a.Wait(); err != nil {
-			t.Fatalf("long workload: %v: %s", err, a.Stderr())
-		}
-		mm := regexp.MustCompile(`BENCH short_steps_per_sec ([0-9.]+)`).FindStringSubmatch(out)
-		if mm == nil {
-			t.Fatalf("no rate in %q", out)
-		}
-		v, _ := strconv.ParseFloat(mm[1], 64)
-		return v
+	rate := func(profile string) float64 {
+		return shortBesideLong(t, "SIMGPU_MODEL=h200", "SIMGPU_PROFILE="+profile)
 	}
-	builtin, slow := shortRate(profilePath(t)), shortRate(long)
+	builtin, slow := rate(profilePath(t)), rate(long)
 	t.Logf("short kernels beside 20 ms ones: %.0f steps/s with h200.profile, %.0f with a 50 ms slice", builtin, slow)
 	// A whole 20 ms kernel's wait a step allows at most 50 steps/s; a 1 ms
 	// slice's, hundreds. Wide bounds for a loaded 2-core machine.
