@@ -10,6 +10,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
 	"github.com/gpuwarden/gpuwarden/collector/claims"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/membership"
 	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
 )
 
@@ -27,7 +28,7 @@ type joiner struct {
 	ordinals  map[Key]int             // the CUDA ordinal of each entry a ledger covers
 	nvmlGPUs  map[uint64]map[int]bool // the GPUs NVML lists each container's processes on
 	nvmlMem   map[Key]uint64          // the memory NVML shows for each container's processes
-	held      map[Key]float64         // shares the scheduler holds containers to (Scheduled.Held)
+	held      map[Key]float64         // shares the scheduler holds containers to (membership.Scheduled.Held)
 	meanShare map[Key]float64         // NVML's share over the last minute, where it covers one (judge.meanShare)
 	seenPIDs  map[int]gpuProc         // identified this time, kept for the next view
 }
@@ -237,7 +238,7 @@ func (j *joiner) addNVML(devs []nvmldev.Device) {
 			if err != nil || j.c.src.Cgroups == nil {
 				continue // gone, or in a pid namespace we cannot see
 			}
-			path = cgroups.HostPath(j.c.src.CgroupNSRoot, path)
+			path = hostcgroup.HostPath(j.c.src.CgroupNSRoot, path)
 			cg, err := j.c.src.Cgroups.ID(path)
 			if err != nil {
 				continue
@@ -277,7 +278,7 @@ func (j *joiner) identify(pid int) gpuProc {
 
 // finish merges the ledgers and what the enforcer holds containers to,
 // names every container and fills the view.
-func (j *joiner) finish(ledgers map[uint64]*ledger, rejected []*ledger, scheduled map[GPUKey]Scheduled) {
+func (j *joiner) finish(ledgers map[uint64]*ledger, rejected []*ledger, scheduled map[membership.GPUKey]membership.Scheduled) {
 	for cg, l := range ledgers {
 		j.addLedger(cg, l)
 	}
@@ -435,7 +436,7 @@ func unplaced(p controlblock.ProcUsage) controlblock.ProcUsage {
 
 // byIndex keys what the enforcer reports by GPU UUID by NVML's index, as
 // the view keys GPUs; a GPU NVML does not list is left out.
-func byIndex[T any](j *joiner, m map[GPUKey]T) map[Key]T {
+func byIndex[T any](j *joiner, m map[membership.GPUKey]T) map[Key]T {
 	out := make(map[Key]T, len(m))
 	for k, v := range m {
 		if i, ok := j.index[k.UUID]; ok {

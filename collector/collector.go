@@ -14,6 +14,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
 	"github.com/gpuwarden/gpuwarden/collector/claims"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/membership"
 	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
 )
 
@@ -39,22 +40,10 @@ type Sources struct {
 	CgroupNSRoot string
 	// Scheduling gives what the enforcer holds each container to, per
 	// cgroup and GPU; nil: no enforcer.
-	Scheduling func() map[GPUKey]Scheduled
+	Scheduling func() map[membership.GPUKey]membership.Scheduled
 	// NVMLContextBytes is what NVML may show per process beyond what the
 	// ledger and the probes count (a context's own memory).
 	NVMLContextBytes uint64
-}
-
-// Scheduled is what the enforcer holds one container to on one GPU.
-type Scheduled struct {
-	// Target is its target share, 0-1; 0: none (the native policy).
-	Target float64
-	// Held: the gate holds it to Target, with no borrowing (soft) or
-	// priority to take more, and Target is below the whole device.
-	Held bool
-	// Rewinds counts the times the enforcer (which reads launch tickets
-	// every few milliseconds) saw its ledger's tickets go back.
-	Rewinds uint64
 }
 
 // LabelFunc names the container of a ledger directory or cgroup path.
@@ -71,13 +60,6 @@ type Key struct {
 // known: its ledger records no UUID for them (an old interposer) on a node
 // of more than one GPU.
 const NoGPU = -1
-
-// GPUKey identifies one container's use of one GPU by UUID, as the enforcer
-// knows GPUs.
-type GPUKey struct {
-	Cgroup uint64
-	UUID   string
-}
 
 // Collector builds views and serves them as metrics.
 type Collector struct {

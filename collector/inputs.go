@@ -10,6 +10,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
 
 	"github.com/gpuwarden/gpuwarden/bpf/observe"
+	"github.com/gpuwarden/gpuwarden/enforcer/membership"
 	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
 )
 
@@ -33,7 +34,7 @@ type inputs struct {
 	ledgers   []readLedger // in directory order
 	ebpf      observe.Snapshot
 	ebpfErr   error
-	sched     map[GPUKey]Scheduled
+	sched     map[membership.GPUKey]membership.Scheduled
 }
 
 // readLedger is one control directory's ledger as read (nil: err says why

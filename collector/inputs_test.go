@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/membership"
 	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
 )
 
@@ -34,14 +35,14 @@ func TestViewJoinedAgainOnlyWhenSomethingMoves(t *testing.T) {
 		defer mu.Unlock()
 		f(&dev)
 	}
-	sched := map[GPUKey]Scheduled{{Cgroup: 7, UUID: "GPU-0"}: {Target: 0.5}}
+	sched := map[membership.GPUKey]membership.Scheduled{{Cgroup: 7, UUID: "GPU-0"}: {Target: 0.5}}
 	c := New("node", "test", Sources{ControlDir: dir,
 		NVML: func() ([]nvmldev.Device, error) {
 			mu.Lock()
 			defer mu.Unlock()
 			return []nvmldev.Device{dev}, nil
 		},
-		Scheduling: func() map[GPUKey]Scheduled {
+		Scheduling: func() map[membership.GPUKey]membership.Scheduled {
 			mu.Lock()
 			defer mu.Unlock()
 			return maps.Clone(sched)
@@ -71,7 +72,7 @@ func TestViewJoinedAgainOnlyWhenSomethingMoves(t *testing.T) {
 		{"the enforcer's target", func() {
 			mu.Lock()
 			defer mu.Unlock()
-			sched[GPUKey{Cgroup: 7, UUID: "GPU-0"}] = Scheduled{Target: 0.25}
+			sched[membership.GPUKey{Cgroup: 7, UUID: "GPU-0"}] = membership.Scheduled{Target: 0.25}
 		}},
 		{"a new container directory", func() {
 			if err := os.Mkdir(filepath.Join(dir, "c2"), 0o755); err != nil {

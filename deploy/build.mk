@@ -45,26 +45,21 @@ gpu-check: build ## Build the real-GPU check's bundle into bin/gpu-check (run.sh
 test: gpu-check
 
 # The end-to-end tests on a real single-node cluster (deploy/k8stest, a Go
-# module of its own that also pins the Kubernetes and etcd it builds), part
-# of `make test`. The first run on a machine builds Kubernetes (about 11
-# minutes on two cores) into GPUWARDEN_K8S_CACHE, where later runs find it.
+# module of its own; deploy/k8stest/kubernetes, another, pins the Kubernetes
+# and etcd that cluster.sh builds), part of `make test`. The first run on a
+# machine builds Kubernetes (about 11 minutes on two cores) into
+# GPUWARDEN_K8S_CACHE, where later runs find it.
 # cluster.sh runs the tests inside the cluster's network namespace and
 # restores the host after, even when they fail; a host that cannot run a
 # cluster skips them, or fails under GPUWARDEN_REQUIRE_PRIVILEGED=1.
-# Two modules' tests share one cluster: deploy/k8stest's, built as
-# Kubernetes is (CGO_ENABLED=0, -trimpath) to reuse its compiled packages,
-# and deploy/k8stest/chart's (Helm's newer dependency tree), built as
-# chart-test builds, to reuse its.
+# Its packages share one cluster, so they run one at a time (-p 1).
 DEPS_K8S := containerd runc containernetworking-plugins busybox-static iproute2 util-linux openssl gcc libc6-dev
 DEPS_TEST += $(DEPS_K8S)
 
 .PHONY: k8s-test
 k8s-test: build ## Run only the end-to-end tests on a real Kubernetes node (root; the first run builds Kubernetes)
 	@.ci/deps.sh $(DEPS_K8S)
-	cd deploy/k8stest && CGO_ENABLED=0 $(GO) vet -trimpath ./...
-	cd deploy/k8stest/chart && $(GO) vet ./...
-	cd deploy/k8stest && ./cluster.sh run bash -c 'rc=0; \
-		CGO_ENABLED=0 $(GO) test -trimpath -count=1 -timeout 20m -v ./... || rc=1; \
-		cd chart && $(GO) test -count=1 -timeout 20m -v ./... || rc=1; exit $$rc'
+	cd deploy/k8stest && $(GO) vet ./...
+	cd deploy/k8stest && ./cluster.sh run $(GO) test -p 1 -count=1 -timeout 20m -v ./...
 
 TEST_EXTRA += k8s-test

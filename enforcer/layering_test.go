@@ -1,12 +1,15 @@
-// The enforcer is the lower layer: the collector reads what it writes
-// (ledgers, limits) and shares its device access and API types, so nothing
-// in enforcer/ may depend on the collector.
+// The layers of gpuwarden's packages (docs/architecture.md, "Layers"): every
+// import points to a lower layer, or stays within its own; a package of a
+// standalone layer imports only the standard library. The test lists every
+// package of the module with `go list -deps` and fails on any import that
+// crosses the layers, naming it.
 package enforcer_test
 
 import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"os/exec"
 	"slices"
@@ -16,9 +19,51 @@ import (
 
 const module = "github.com/gpuwarden/gpuwarden/"
 
+// layer is a set of directories whose packages may import each other and
+// any package of a lower rank.
+type layer struct {
+	name  string
+	rank  int
+	paths []string // directories relative to the module root, each with everything below it
+	alone bool     // standard library only, even within the layer
+}
+
+// layers, lowest first. A package belongs to the layer of the longest path
+// that holds it.
+var layers = []layer{
+	{name: "docs", rank: 0, paths: []string{"docs"}, alone: true},
+	{name: "dashboards", rank: 0, paths: []string{"dashboards"}, alone: true},
+	// What users set, host facts, pure rules and shared types; simgpu and
+	// its test helpers, which every part's tests use.
+	{name: "base", rank: 1, paths: []string{"enforcer/vocab", "enforcer/policy", "enforcer/hostcgroup",
+		"enforcer/controlblock", "enforcer/agentapi", "simgpu"}},
+	// bpf and the enforcer are side by side: neither imports the other.
+	{name: "bpf", rank: 2, paths: []string{"bpf"}},
+	{name: "enforcer", rank: 2, paths: []string{"enforcer"}},
+	{name: "collector", rank: 3, paths: []string{"collector"}},
+	{name: "deploy", rank: 4, paths: []string{"deploy"}},
+	{name: "cmd", rank: 5, paths: []string{"cmd"}},
+}
+
+// layerOf is the layer of a package of the module, by its path.
+func layerOf(pkg string) (layer, bool) {
+	rel := strings.TrimPrefix(pkg, module)
+	var best layer
+	bestLen := -1
+	for _, l := range layers {
+		for _, p := range l.paths {
+			if (rel == p || strings.HasPrefix(rel, p+"/")) && len(p) > bestLen {
+				best, bestLen = l, len(p)
+			}
+		}
+	}
+	return best, bestLen >= 0
+}
+
 // listed is what `go list -deps -json` says of one package.
 type listed struct {
 	ImportPath string
+	Standard   bool
 	Imports    []string
 }
 
@@ -52,44 +97,96 @@ func depsOf(t *testing.T, pattern string) []listed {
 	return pkgs
 }
 
-// importsOf names, for every package of the list that imports one under
-// forbidden, the package and what it imports there.
-func importsOf(pkgs []listed, forbidden string) []string {
+// crossings names every import of the module's packages that crosses the
+// layers, and every package of the module that has no layer.
+func crossings(pkgs []listed) []string {
+	standard := map[string]bool{}
+	for _, p := range pkgs {
+		standard[p.ImportPath] = p.Standard
+	}
 	var found []string
 	for _, p := range pkgs {
+		if !strings.HasPrefix(p.ImportPath, module) {
+			continue
+		}
+		from, ok := layerOf(p.ImportPath)
+		if !ok {
+			found = append(found, fmt.Sprintf("%s is in no layer: add its directory to one", p.ImportPath))
+			continue
+		}
 		for _, imp := range p.Imports {
-			if imp == strings.TrimSuffix(forbidden, "/") || strings.HasPrefix(imp, forbidden) {
-				found = append(found, p.ImportPath+" imports "+imp)
+			if from.alone {
+				if !standard[imp] {
+					found = append(found, fmt.Sprintf("%s (layer %s) imports %s: it may import only the standard library", p.ImportPath, from.name, imp))
+				}
+				continue
 			}
+			if !strings.HasPrefix(imp, module) {
+				continue
+			}
+			to, ok := layerOf(imp)
+			if ok && (to.name == from.name || to.rank < from.rank) {
+				continue
+			}
+			found = append(found, fmt.Sprintf("%s (layer %s, rank %d) imports %s (layer %s, rank %d): an import points only to a lower layer or within its own",
+				p.ImportPath, from.name, from.rank, imp, to.name, to.rank))
 		}
 	}
 	slices.Sort(found)
 	return found
 }
 
-func TestEnforcerDoesNotDependOnCollector(t *testing.T) {
-	pkgs := depsOf(t, module+"enforcer/...")
-	var names []string
+func TestLayers(t *testing.T) {
+	pkgs := depsOf(t, module+"...")
+	// The listing must hold packages of every layer, or an empty (or cut
+	// short) answer would pass.
+	seen := map[string]int{}
 	for _, p := range pkgs {
-		names = append(names, p.ImportPath)
-	}
-	// The listing must hold the enforcer's packages, or an empty answer
-	// would pass.
-	for _, want := range []string{"enforcer/scheduler", "enforcer/membership", "enforcer/nvmldev"} {
-		if !slices.Contains(names, module+want) {
-			t.Fatalf("go list -deps lists no %s: %v", want, names)
+		if l, ok := layerOf(p.ImportPath); ok && strings.HasPrefix(p.ImportPath, module) {
+			seen[l.name]++
 		}
 	}
-	if found := importsOf(pkgs, module+"collector/"); len(found) > 0 {
-		t.Errorf("enforcer/ depends on the collector; move what both need below both:\n%s", strings.Join(found, "\n"))
+	for _, l := range layers {
+		if seen[l.name] == 0 {
+			t.Fatalf("go list -deps lists no package of layer %s (%v): the listing is broken", l.name, l.paths)
+		}
+	}
+	for _, want := range []string{"enforcer/vocab", "enforcer/membership", "collector", "deploy/allocation", "cmd/gpuwarden"} {
+		if !slices.ContainsFunc(pkgs, func(p listed) bool { return p.ImportPath == module+want }) {
+			t.Fatalf("go list -deps lists no %s", want)
+		}
+	}
+	if found := crossings(pkgs); len(found) > 0 {
+		t.Errorf("imports that cross the layers (docs/architecture.md#layers); move what both sides need down:\n%s", strings.Join(found, "\n"))
 	}
 }
 
-// The check itself finds such an import where there is one: the collector
-// imports its own packages.
-func TestImportsOfFindsAnImport(t *testing.T) {
-	found := importsOf(depsOf(t, module+"collector"), module+"collector/")
-	if !slices.Contains(found, module+"collector imports "+module+"collector/cgroups") {
-		t.Errorf("importsOf(collector) = %v, want collector's import of collector/cgroups", found)
+// The check finds a crossing where there is one: upward, sideways, out of
+// a standalone layer, and from a package without a layer.
+func TestCrossingsFindsOne(t *testing.T) {
+	pkgs := []listed{
+		{ImportPath: "fmt", Standard: true},
+		{ImportPath: "example.com/x"},
+		{ImportPath: module + "enforcer/membership", Imports: []string{"fmt", module + "deploy/allocation", module + "enforcer/vocab"}},
+		{ImportPath: module + "bpf/observe", Imports: []string{module + "enforcer/scheduler"}},
+		{ImportPath: module + "docs/diagram", Imports: []string{"fmt", "example.com/x"}},
+		{ImportPath: module + "simgpu/simtest", Imports: []string{module + "collector/cgroups", module + "enforcer/hostcgroup"}},
+		{ImportPath: module + "tools/x"},
+		{ImportPath: module + "cmd/gpuwarden", Imports: []string{module + "collector", module + "enforcer/vocab", "example.com/x"}},
+	}
+	got := strings.Join(crossings(pkgs), "\n")
+	for _, want := range []string{
+		"enforcer/membership (layer enforcer, rank 2) imports " + module + "deploy/allocation (layer deploy, rank 4)",
+		"bpf/observe (layer bpf, rank 2) imports " + module + "enforcer/scheduler (layer enforcer, rank 2)",
+		"docs/diagram (layer docs) imports example.com/x",
+		"simgpu/simtest (layer base, rank 1) imports " + module + "collector/cgroups",
+		"tools/x is in no layer",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("crossings missed %q; found:\n%s", want, got)
+		}
+	}
+	if n := strings.Count(got, "\n") + 1; n != 5 {
+		t.Errorf("crossings found %d, want 5 (the allowed imports pass):\n%s", n, got)
 	}
 }

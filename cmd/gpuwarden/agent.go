@@ -22,6 +22,7 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 	config.Flags(fs)
 	check := fs.Bool("check-config", false, "validate the configuration and exit")
 	reference := fs.Bool("print-config-reference", false, "print the configuration reference table (Markdown) and exit")
+	readyFD := fs.Int("ready-fd", 0, "once the agent is ready (/healthz answers), write its HTTP address and a newline on this file descriptor and close it")
 	if err := fs.Parse(args); err != nil {
 		if err != pflag.ErrHelp {
 			fmt.Fprintf(stderr, "gpuwarden agent: %v\n", err)
@@ -49,6 +50,13 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 		log.Error("agent failed to start", "err", err)
 		return 1
 	}
+	if *readyFD > 0 {
+		if err := signalReady(*readyFD, a.Addr()); err != nil {
+			log.Error("agent failed to start", "err", err)
+			_ = a.Close()
+			return 1
+		}
+	}
 	<-ctx.Done()
 	log.Info("shutting down")
 	if err := a.Close(); err != nil {
@@ -56,6 +64,20 @@ func runAgent(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// signalReady tells the process that started the agent that it is ready
+// (agentapi.AwaitReady reads it).
+func signalReady(fd int, addr string) error {
+	f := os.NewFile(uintptr(fd), "ready-fd")
+	_, err := fmt.Fprintln(f, addr)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("--ready-fd=%d: %w", fd, err)
+	}
+	return nil
 }
 
 func newLogger(cfg config.Config, w io.Writer) *slog.Logger {

@@ -15,7 +15,6 @@ import (
 	"unsafe"
 
 	"github.com/gpuwarden/gpuwarden/collector"
-	"github.com/gpuwarden/gpuwarden/collector/claims"
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
@@ -49,7 +48,7 @@ func TestAttackFramesAnInnocent(t *testing.T) {
 			enforcedAlloc(t, m, agent, framer, "GPUWARDEN_MEMORY_LIMIT=1Gi").Quit(t) // its ledger laid out, no GPU process left
 
 			pid := victim.P.Cmd.Process.Pid
-			start, err := claims.StartTime("/proc", pid)
+			start, err := controlblock.StartTime("/proc", pid)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -169,7 +168,7 @@ func TestAttackForgedSlotNotListed(t *testing.T) {
 	a.Do(t, "alloc linear %d", 128<<20)
 	own := a.P.Cmd.Process.Pid
 	agentPID := agent.Proc.Cmd.Process.Pid
-	start, err := claims.StartTime("/proc", agentPID)
+	start, err := controlblock.StartTime("/proc", agentPID)
 	if err != nil {
 		t.Fatal(err)
 	}

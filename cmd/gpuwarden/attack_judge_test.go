@@ -17,12 +17,12 @@ import (
 	"unsafe"
 
 	"github.com/gpuwarden/gpuwarden/collector"
-	"github.com/gpuwarden/gpuwarden/collector/cgroups"
 	"github.com/gpuwarden/gpuwarden/collector/kubeapi"
 	"github.com/gpuwarden/gpuwarden/collector/kubeapi/kubeapitest"
 	"github.com/gpuwarden/gpuwarden/collector/kubelet/kubelettest"
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
 
@@ -502,7 +502,7 @@ func podContainer(t *testing.T, m *simtest.Machine, agent *simtest.Agent, cg *si
 	if err := os.Symlink(filepath.Join(agent.ControlDir, dir), filepath.Join(view, allocation.ContainerKey)); err != nil {
 		t.Fatal(err)
 	}
-	mnt, err := cgroups.Mount("/proc/self/mountinfo")
+	mnt, err := hostcgroup.Mount("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)
 	}

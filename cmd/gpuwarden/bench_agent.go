@@ -16,9 +16,8 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/gpuwarden/gpuwarden/collector/cgroups"
-	"github.com/gpuwarden/gpuwarden/collector/claims"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 )
 
 func init() { benchSuites["agent"] = benchSuite{order: 40, run: benchAgent} }
@@ -219,7 +218,7 @@ func benchContainersOn(m *simMachine, n int) (rels []string, stop func(), err er
 }
 
 func makeBenchCgroups(n int) (string, []string, error) {
-	mnt, err := cgroups.Mount("/proc/self/mountinfo")
+	mnt, err := hostcgroup.Mount("/proc/self/mountinfo")
 	if err != nil {
 		return "", nil, err
 	}
@@ -303,7 +302,7 @@ func fillLedgers(m *simMachine, ctl, parent string, rels []string, procs []*exec
 		u.CgroupPath = [controlblock.CgroupPathMax]byte{}
 		copy(u.CgroupPath[:], rel)
 		u.ReservedBytes[0] = uint64(i%8+1) << 28
-		start, err := claims.StartTime("/proc", procs[i].Process.Pid)
+		start, err := controlblock.StartTime("/proc", procs[i].Process.Pid)
 		if err != nil {
 			return err
 		}

@@ -15,7 +15,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/pki"
 )
 
@@ -86,7 +86,7 @@ func benchRemote(o benchOptions, stdout io.Writer) error {
 	}
 	defer func() {
 		stopProcess(agent)
-		if mnt, err := cgroups.Mount("/proc/self/mountinfo"); err == nil {
+		if mnt, err := hostcgroup.Mount("/proc/self/mountinfo"); err == nil {
 			_ = os.Remove(filepath.Join(mnt, parent))
 		}
 	}()

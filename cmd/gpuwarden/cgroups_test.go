@@ -9,15 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
-
-// killAgent stops a test agent with SIGKILL when the test ends: a clean stop
-// is not what these tests are about.
-func killAgent(t *testing.T, a *simtest.Agent) {
-	t.Cleanup(func() { _ = a.Proc.Cmd.Process.Kill() })
-}
 
 type readyz struct {
 	Ready bool `json:"ready"`
@@ -42,7 +36,7 @@ func getReadyz(t *testing.T, a *simtest.Agent) (int, readyz) {
 // it (on a hybrid host, its unified directory) and lists the containers.
 func TestAgentFindsCgroupTreeBelowPathsCgroup(t *testing.T) {
 	simtest.RequirePrivileged(t, "cgroups")
-	mnt, err := cgroups.Mount("/proc/self/mountinfo")
+	mnt, err := hostcgroup.Mount("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +45,7 @@ func TestAgentFindsCgroupTreeBelowPathsCgroup(t *testing.T) {
 	w := simtest.Start(t, cg.Place(m.Command(simtest.Bin(t, "simgpu/workload"), "--alloc", "1Gi", "--hold")))
 	w.WaitLine(t, "ready", 10*time.Second)
 	agent := simtest.StartAgent(t, m, "GPUWARDEN_EBPF_ENABLED=false", "GPUWARDEN_PATHS_CGROUP="+filepath.Dir(mnt))
-	killAgent(t, agent)
+	t.Cleanup(func() { agent.Kill(t) }) // a clean stop is not what this test is about
 	simtest.Eventually(t, 15*time.Second, func() error {
 		f := agent.Scrape(t)
 		if s, ok := simtest.Find(f, "gpuwarden_container_gpu_memory_used_bytes", map[string]string{"container": cg.Rel}); !ok || s.Value < gib {
@@ -80,7 +74,7 @@ func TestAgentReadyzCgroupsDownOnWrongTree(t *testing.T) {
 	w := simtest.Start(t, cg.Place(m.Command(simtest.Bin(t, "simgpu/workload"), "--alloc", "1Gi", "--hold")))
 	w.WaitLine(t, "ready", 10*time.Second)
 	agent := simtest.StartAgent(t, m, "GPUWARDEN_EBPF_ENABLED=false", "GPUWARDEN_PATHS_CGROUP="+wrong)
-	killAgent(t, agent)
+	t.Cleanup(func() { agent.Kill(t) }) // a clean stop is not what this test is about
 	code, r := getReadyz(t, agent)
 	if c := r.Parts["cgroups"]; code != 503 || r.Ready || !c.Enabled || c.Up ||
 		!strings.Contains(c.Error, "none of 1 GPU processes is in the cgroup v2 tree at "+wrong) {

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
-	"github.com/gpuwarden/gpuwarden/enforcer/policy"
+	"github.com/gpuwarden/gpuwarden/enforcer/vocab"
 )
 
 const ctlUsage = `usage: gpuwarden ctl [--agent URL] [--token-file FILE] COMMAND
@@ -91,7 +91,7 @@ func (c *ctlClient) set(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("ctl set", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	mem := fs.String("memory-limit", "", "GPU memory per device")
-	weight := fs.Int("weight", 0, fmt.Sprintf("compute weight, 1-%d", policy.MaxWeight))
+	weight := fs.Int("weight", 0, fmt.Sprintf("compute weight, 1-%d", vocab.MaxWeight))
 	limit := fs.Int("compute-limit", -1, "hard cap, percent of the device; 0: none")
 	prio := fs.String("priority", "", "high or normal")
 	if err := fs.Parse(args[1:]); err != nil {

@@ -20,7 +20,7 @@ import (
 
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
 
-	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 )
 
 // demoContainer is one "container" of the demo: a cgroup and a workload.
@@ -153,7 +153,7 @@ func (c *demoContainer) start(m *simMachine, ctl string, root bool) error {
 		c.cmd.Env = append(c.cmd.Env, c.env...)
 	}
 	if root {
-		mnt, err := cgroups.Mount("/proc/self/mountinfo")
+		mnt, err := hostcgroup.Mount("/proc/self/mountinfo")
 		if err != nil {
 			return err
 		}

@@ -141,7 +141,7 @@ func TestCtlRefusesBadChanges(t *testing.T) {
 		{[]string{"set", a.Rel, "--weight", "0"}, "weight"},
 		{[]string{"set", a.Rel, "--compute-limit", "150"}, "compute limit"},
 		{[]string{"set", a.Rel, "--priority", "urgent"}, "priority"},
-		{[]string{"set", a.Rel, "--memory-limit", "lots"}, "memoryLimit"},
+		{[]string{"set", a.Rel, "--memory-limit", "lots"}, "memory limit"},
 		{[]string{"gpu", "0", "--policy", "9"}, "policy"},
 	} {
 		out, err := ctl(t, agent, tc.args...)
@@ -196,7 +196,7 @@ func TestCtlGPUMaxInst(t *testing.T) {
 			}
 		}
 	}
-	if out, err := ctl(t, agent, "gpu", "0", "--max-inst", "129"); err == nil || !strings.Contains(out, "max_inst 129: want 1-128") {
+	if out, err := ctl(t, agent, "gpu", "0", "--max-inst", "129"); err == nil || !strings.Contains(out, "max_inst 129: want an integer from 1 to 128") {
 		t.Errorf("ctl gpu 0 --max-inst 129: %v %q; want refused", err, out)
 	}
 }

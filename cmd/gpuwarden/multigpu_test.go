@@ -15,9 +15,9 @@ import (
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
-	"github.com/gpuwarden/gpuwarden/collector/cgroups"
 	"github.com/gpuwarden/gpuwarden/collector/kubelet/kubelettest"
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
 
@@ -69,7 +69,7 @@ func startMultiGPUNode(t *testing.T, gpus, maxInst int) *multiGPUNode {
 		"GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET="+n.pr.Socket, "GPUWARDEN_NODE_NAME=node-m")
 	n.kl.WaitDevices(t, allocation.ResourceGPU, func(d []*pluginapi.Device) bool { return len(d) == gpus*maxInst })
 	n.uuids = gpuUUIDs(t, n.agent, gpus)
-	mnt, err := cgroups.Mount("/proc/self/mountinfo")
+	mnt, err := hostcgroup.Mount("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -18,6 +18,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/link"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/pki"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
+	"github.com/gpuwarden/gpuwarden/enforcer/vocab"
 )
 
 // remoteFlags are a remote client's credentials and timeout; they default
@@ -60,8 +61,8 @@ func runRemote(args []string, stdout, stderr io.Writer) int {
 	}
 	server := fs.String("remote", "", "the GPU node's agent, HOST[:PORT] (port 7070 by default)")
 	memory := fs.String("memory", "", "GPU memory: a fraction of the GPU (0.5) or a size (8Gi)")
-	weight := fs.Int("weight", 1, "compute weight, 1-1000")
-	priority := fs.String("priority", "normal", "high or normal")
+	weight := fs.Int("weight", 1, fmt.Sprintf("compute weight, 1-%d", vocab.MaxWeight))
+	priority := fs.String("priority", vocab.PriorityNormal, vocab.PriorityHigh+" or "+vocab.PriorityNormal)
 	gpu := fs.String("gpu", "", "a GPU's UUID on the server; default: the one with the most free memory")
 	exe, _ := os.Executable()
 	libDir := fs.String("library-dir", filepath.Join(filepath.Dir(exe), "remote"), "the directory of the remote client library (libcuda.so.1)")
@@ -83,7 +84,11 @@ func runRemote(args []string, stdout, stderr io.Writer) int {
 	if fs.NArg() == 0 {
 		return fail(2, "no command given (gpuwarden run --remote HOST --memory 0.5 -- CMD)")
 	}
-	req := session.Request{Memory: *memory, Weight: *weight, Priority: *priority, GPU: *gpu}
+	frac, bytes, err := vocab.ParseMemoryRequest(*memory)
+	if err != nil {
+		return fail(2, "--memory: %v", err)
+	}
+	req := session.Request{MemoryFraction: frac, MemoryBytes: bytes, Weight: *weight, Priority: *priority, GPU: *gpu}
 	if _, err := req.Check(); err != nil {
 		return fail(2, "%v", err)
 	}

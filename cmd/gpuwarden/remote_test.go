@@ -14,8 +14,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpuwarden/gpuwarden/collector/cgroups"
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/pki"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
@@ -78,7 +78,7 @@ func newRemoteRig(t *testing.T, observe bool) *remoteRig {
 	simtest.Bin(t, "remote/libcuda.so.1")
 	parent := fmt.Sprintf("gpuwarden-test/remote-%d-%d", os.Getpid(), time.Now().UnixNano())
 	t.Cleanup(func() { // after the agent stops: it leaves the sessions' parent cgroup
-		mnt, err := cgroups.Mount("/proc/self/mountinfo")
+		mnt, err := hostcgroup.Mount("/proc/self/mountinfo")
 		if err == nil {
 			_ = os.Remove(filepath.Join(mnt, parent))
 		}

@@ -112,7 +112,7 @@ func TestRemotePod(t *testing.T) {
 	for _, m := range car.Mounts {
 		mounts[m.ContainerPath] = m.HostPath
 	}
-	sock := filepath.Join(mounts[allocation.ContainerRemoteDir], allocation.RelaySocket)
+	sock := filepath.Join(mounts[allocation.ContainerRemoteDir], session.RelaySocket)
 	if fi, err := os.Stat(sock); err != nil || fi.Mode()&os.ModeSocket == 0 {
 		t.Fatalf("the relay's socket %s: %v", sock, err)
 	}
@@ -186,7 +186,7 @@ func TestRemotePod(t *testing.T) {
 		t.Fatal(err)
 	}
 	err = r.client.Do(func() error {
-		l, _, err := d.Open(context.Background(), session.Request{Memory: "1Gi",
+		l, _, err := d.Open(context.Background(), session.Request{MemoryBytes: 1 << 30,
 			For: &session.Workload{Namespace: "ml", Pod: "infer-0", Container: "main"}})
 		if err == nil {
 			l.Close()

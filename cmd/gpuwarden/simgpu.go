@@ -1,14 +1,15 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
-	"strings"
 	"syscall"
 	"time"
+
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
 )
 
 // binDir is the directory holding the gpuwarden binary: the other build
@@ -68,12 +69,10 @@ func (m *simMachine) workload(args ...string) *exec.Cmd {
 // controlDir is where this machine's containers keep their control blocks.
 func (m *simMachine) controlDir() string { return filepath.Join(m.dir, "control") }
 
-var servingRe = regexp.MustCompile(`msg=serving address=(\S+)`)
-
 // startAgent runs `gpuwarden agent` on this machine: NVML and eBPF on
 // simgpu's libraries, nothing pinned, no kubelet, its token and settings in
 // the machine's directory, its log in agent.log there; env adds or
-// overrides settings. It returns once the agent serves, with its address.
+// overrides settings. It returns once the agent is ready, with its address.
 func (m *simMachine) startAgent(listen string, env ...string) (*exec.Cmd, string, error) {
 	return m.startAgentIn("", listen, env...)
 }
@@ -99,22 +98,22 @@ func (m *simMachine) startAgentIn(netns, listen string, env ...string) (*exec.Cm
 	}
 	defer logf.Close()
 	cmd.Stderr = logf
+	ready, err := agentapi.AwaitReady(cmd)
+	if err != nil {
+		return nil, "", err
+	}
 	if err := cmd.Start(); err != nil {
+		ready.Close()
 		return nil, "", fmt.Errorf("start agent: %w", err)
 	}
-	for i := 0; i < 300; i++ {
-		b, _ := os.ReadFile(logPath)
-		if mm := servingRe.FindSubmatch(b); mm != nil {
-			return cmd, string(mm[1]), nil
-		}
-		if strings.Contains(string(b), "agent failed to start") {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	addr, err := ready.Wait(ctx, func() string { b, _ := os.ReadFile(logPath); return string(b) })
+	if err != nil {
+		stopProcess(cmd)
+		return nil, "", fmt.Errorf("agent on %s: %w", listen, err)
 	}
-	stopProcess(cmd)
-	b, _ := os.ReadFile(logPath)
-	return nil, "", fmt.Errorf("the agent did not start (is %s in use?):\n%s", listen, b)
+	return cmd, addr, nil
 }
 
 // stopProcess stops a process with SIGTERM, and SIGKILL after 10 s.

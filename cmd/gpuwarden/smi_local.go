@@ -13,6 +13,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/collector"
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
 	"github.com/gpuwarden/gpuwarden/collector/claims"
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
 )
 
@@ -55,7 +56,7 @@ func openLocal(controlDir, nvmlLibrary string) (*localView, error) {
 		l.notes = append(l.notes, missing[len(missing)-1]+": no device totals, utilization or processes.")
 	}
 
-	if root, err := cgroups.Mount("/proc/self/mountinfo"); err == nil {
+	if root, err := hostcgroup.Mount("/proc/self/mountinfo"); err == nil {
 		src.Cgroups = cgroups.NewResolver(root)
 		src.Claims = claims.NewVerifier(src.Cgroups, root, src.ProcRoot)
 	} else {

@@ -37,7 +37,7 @@ func TestAgentRemovesControlDirsOfPodsGone(t *testing.T) {
 		"GPUWARDEN_DEVICE_PLUGIN_KUBELET_DIR="+kl.Dir, "GPUWARDEN_DEVICE_PLUGIN_INTERPOSER_PATH="+simtest.Bin(t, "libgpuwarden.so"),
 		"GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET="+pods.Socket, "GPUWARDEN_CONTROL_DIR_GRACE=2s",
 		"GPUWARDEN_ENFORCEMENT_STATE_FILE="+state)
-	killAgent(t, agent)
+	t.Cleanup(func() { agent.Kill(t) }) // a clean stop is not what this test is about
 	mem := kl.WaitDevices(t, allocation.ResourceMemory, func(d []*pluginapi.Device) bool { return len(d) == 8 })
 	memc := kl.Client(t, allocation.ResourceMemory)
 	goneIDs, liveIDs := []string{mem[0].ID}, []string{mem[1].ID, mem[2].ID}

@@ -8,12 +8,13 @@ import (
 	"time"
 
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
 
 func TestResolverFindsTestCgroup(t *testing.T) {
 	cg := simtest.NewCgroup(t, "resolve")
-	mnt, err := cgroups.Mount("/proc/self/mountinfo")
+	mnt, err := hostcgroup.Mount("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +49,7 @@ func TestResolverFindsTestCgroup(t *testing.T) {
 // A removed cgroup's id (below one the walk found) is not walked for again;
 // an id above every one found is: it may be a cgroup made since.
 func TestResolverRemembersRemovedIDs(t *testing.T) {
-	mnt, err := cgroups.Mount("/proc/self/mountinfo")
+	mnt, err := hostcgroup.Mount("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,35 +80,9 @@ func TestResolverRemembersRemovedIDs(t *testing.T) {
 	}
 }
 
-func TestMountErrors(t *testing.T) {
-	f := t.TempDir() + "/mountinfo"
-	if err := os.WriteFile(f, []byte("22 1 0:21 / /proc rw - proc proc rw\n"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cgroups.Mount(f); err == nil {
-		t.Error("a mountinfo without cgroup2 gave no error")
-	}
-	if _, err := cgroups.Mount(f + ".missing"); err == nil {
-		t.Error("a missing mountinfo gave no error")
-	}
-}
-
-func TestHostPath(t *testing.T) {
-	for _, tc := range []struct{ root, p, want string }{
-		{"/", "/kubepods/pod1/c1", "/kubepods/pod1/c1"},
-		{"/kubepods/podA/agent", "/", "/kubepods/podA/agent"},
-		{"/kubepods/podA/agent", "/../../podB/c2", "/kubepods/podB/c2"},
-		{"/kubepods/podA/agent", "/../../../system.slice/x.service", "/system.slice/x.service"},
-	} {
-		if got := cgroups.HostPath(tc.root, tc.p); got != tc.want {
-			t.Errorf("HostPath(%q, %q) = %q, want %q", tc.root, tc.p, got, tc.want)
-		}
-	}
-}
-
 // Outside a cgroup namespace the caller's own mount is the host tree's root.
 func TestNamespaceRootOutsideNamespace(t *testing.T) {
-	mnt, err := cgroups.Mount("/proc/self/mountinfo")
+	mnt, err := hostcgroup.Mount("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -121,7 +96,7 @@ func TestNamespaceRootOutsideNamespace(t *testing.T) {
 // tree and not in the directory a hybrid host mounts its v1 controllers on.
 func TestCheckPlaced(t *testing.T) {
 	cg := simtest.NewCgroup(t, "placed")
-	mnt, err := cgroups.Mount("/proc/self/mountinfo")
+	mnt, err := hostcgroup.Mount("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)
 	}

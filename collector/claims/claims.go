@@ -234,7 +234,7 @@ func InSlots(p Proc, slots []controlblock.ProcUsage) bool {
 // status's NSpid) and its start time.
 func Identify(procRoot string, pid int) (Proc, error) {
 	dir := filepath.Join(procRoot, strconv.Itoa(pid))
-	start, err := StartTime(procRoot, pid)
+	start, err := controlblock.StartTime(procRoot, pid)
 	if err != nil {
 		return Proc{}, err
 	}
@@ -259,28 +259,4 @@ func Identify(procRoot string, pid int) (Proc, error) {
 		return Proc{NSPid: int32(ns), StartTime: start}, nil
 	}
 	return Proc{NSPid: int32(pid), StartTime: start}, nil // a kernel without NSpid: one namespace
-}
-
-// StartTime reads a process's start time (stat field 22, clock ticks since
-// boot), which tells a process from a later one that reused its pid.
-func StartTime(procRoot string, pid int) (uint64, error) {
-	b, err := os.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return 0, fmt.Errorf("read stat of pid %d: %w", pid, err)
-	}
-	// comm (field 2) may hold spaces and parentheses: count from the last ')'.
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("stat of pid %d: no command", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	const startField = 22 - 3 // fields after comm start at 3
-	if len(f) <= startField {
-		return 0, fmt.Errorf("stat of pid %d: %d fields", pid, len(f)+2)
-	}
-	st, err := strconv.ParseUint(f[startField], 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("stat of pid %d: start time: %w", pid, err)
-	}
-	return st, nil
 }

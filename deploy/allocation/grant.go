@@ -6,7 +6,7 @@ import (
 	"sort"
 	"strings"
 
-	"github.com/gpuwarden/gpuwarden/enforcer/policy"
+	"github.com/gpuwarden/gpuwarden/enforcer/vocab"
 )
 
 // Where things appear inside a container.
@@ -54,7 +54,7 @@ func Decide(ids []string, gpu func(uuid string) (GPU, bool)) (Grant, error) {
 	if !ok {
 		return Grant{}, fmt.Errorf("GPU %s is not on this node", uuid)
 	}
-	if err := policy.CheckMaxInst(g.MaxInst); err != nil {
+	if err := vocab.CheckMaxInst(g.MaxInst); err != nil {
 		return Grant{}, fmt.Errorf("GPU %s: %w", uuid, err)
 	}
 	n := Count(g, kind)
@@ -78,7 +78,7 @@ func Decide(ids []string, gpu func(uuid string) (GPU, bool)) (Grant, error) {
 // assigned the slot ids inUse (of any GPU): its slots can grow, and shrink
 // no further than the highest one assigned.
 func Resize(g GPU, maxInst int, inUse []string) error {
-	if err := policy.CheckMaxInst(maxInst); err != nil {
+	if err := vocab.CheckMaxInst(maxInst); err != nil {
 		return err
 	}
 	need := 0
@@ -137,7 +137,7 @@ func sanitize(s string) string {
 func (g Grant) Env(withPreload bool) map[string]string {
 	env := map[string]string{
 		"GPUWARDEN_CONTROL_DIR":  ContainerControlDir,
-		"GPUWARDEN_MEMORY_LIMIT": FormatBytes(g.MemoryLimitBytes),
+		"GPUWARDEN_MEMORY_LIMIT": vocab.FormatSize(g.MemoryLimitBytes),
 		"NVIDIA_VISIBLE_DEVICES": g.GPU.UUID,
 		"CUDA_VISIBLE_DEVICES":   g.GPU.UUID,
 	}
@@ -148,19 +148,4 @@ func (g Grant) Env(withPreload bool) map[string]string {
 		env["LD_PRELOAD"] = ContainerInterposer
 	}
 	return env
-}
-
-// FormatBytes writes a size as GPUWARDEN_MEMORY_LIMIT reads it: "8Gi",
-// "3584Mi", else whole KiB rounded down (never "0Ki": a limit never
-// becomes "no limit"); 0 is "0" (no limit).
-func FormatBytes(b uint64) string {
-	switch {
-	case b == 0:
-		return "0"
-	case b%GiB == 0:
-		return fmt.Sprintf("%dGi", b/GiB)
-	case b%(1<<20) == 0:
-		return fmt.Sprintf("%dMi", b>>20)
-	}
-	return fmt.Sprintf("%dKi", max(b>>10, 1))
 }

@@ -64,7 +64,7 @@ type GPU struct {
 	UUID        string // NVML's "GPU-..." UUID
 	Index       int    // NVML index; the device node is /dev/nvidia<Index>
 	MemoryBytes uint64
-	MaxInst     int // its slots: the enforcer's max_inst (policy.CheckMaxInst)
+	MaxInst     int // its slots: the enforcer's max_inst (vocab.CheckMaxInst)
 }
 
 // ID is a parsed device id: "<uuid>::slot-<n>", "<uuid>::mem-<n>" or

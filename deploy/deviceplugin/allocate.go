@@ -10,6 +10,7 @@ import (
 
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
 )
 
 // allocate decides one container's grant, writes its control block and
@@ -69,12 +70,12 @@ func (p *Plugin) allocateRemote(g allocation.Grant) (*pluginapi.ContainerAllocat
 	if _, err := os.Stat(filepath.Join(p.cfg.Remote.LibDir, "libcuda.so.1")); err != nil {
 		return nil, fmt.Errorf("remote client library: %w", err)
 	}
-	b, _ := json.Marshal(allocation.RemoteGrant{Server: server, GPU: g.GPU.UUID, MemoryBytes: g.MemoryLimitBytes, Weight: g.Weight})
+	b, _ := json.Marshal(session.Grant{Server: server, GPU: g.GPU.UUID, MemoryBytes: g.MemoryLimitBytes, Weight: g.Weight})
 	dir := filepath.Join(p.cfg.ControlDir, g.Dir)
 	p.dirs.Lock()
-	err := os.MkdirAll(filepath.Join(dir, allocation.RelayDir), 0o755)
+	err := os.MkdirAll(filepath.Join(dir, session.RelayDir), 0o755)
 	if err == nil {
-		err = replaceFile(filepath.Join(dir, allocation.RemoteGrantFile), b, 0o644)
+		err = replaceFile(filepath.Join(dir, session.GrantFile), b, 0o644)
 	}
 	p.dirs.Unlock()
 	if err != nil {
@@ -88,7 +89,7 @@ func (p *Plugin) allocateRemote(g allocation.Grant) (*pluginapi.ContainerAllocat
 	return &pluginapi.ContainerAllocateResponse{
 		Envs: allocation.RemoteEnv(),
 		Mounts: []*pluginapi.Mount{
-			{ContainerPath: allocation.ContainerRemoteDir, HostPath: filepath.Join(dir, allocation.RelayDir), ReadOnly: true},
+			{ContainerPath: allocation.ContainerRemoteDir, HostPath: filepath.Join(dir, session.RelayDir), ReadOnly: true},
 			{ContainerPath: allocation.ContainerRemoteLib, HostPath: p.cfg.Remote.LibDir, ReadOnly: true},
 		},
 	}, nil

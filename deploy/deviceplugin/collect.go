@@ -15,12 +15,13 @@ import (
 	"github.com/gpuwarden/gpuwarden/collector/kubelet"
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
 )
 
 // controlFiles are the files a control directory may hold: the agent's
 // limits, the container's usage, the ld.so.preload Allocate writes, a
 // remote allocation's grant. Nothing else is removed.
-var controlFiles = []string{"limits", "usage", "ld.so.preload", allocation.RemoteGrantFile}
+var controlFiles = []string{"limits", "usage", "ld.so.preload", session.GrantFile}
 
 // Sweeper removes the control directories nobody holds any more: those of
 // allocations whose pods are gone and those the interposer made for

@@ -21,6 +21,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/deploy/deviceplugin"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
 
@@ -551,8 +552,8 @@ func TestRemoteResource(t *testing.T) {
 	}
 	car := resp.ContainerResponses[0]
 	dir := allocation.DirName(ids)
-	g, err := allocation.ReadRemoteGrant(filepath.Join(r.cfg.ControlDir, dir, allocation.RemoteGrantFile))
-	if err != nil || g != (allocation.RemoteGrant{Server: "gpu-b", GPU: uuid1, MemoryBytes: 8 << 30, Weight: 2}) {
+	g, err := session.ReadGrant(filepath.Join(r.cfg.ControlDir, dir, session.GrantFile))
+	if err != nil || g != (session.Grant{Server: "gpu-b", GPU: uuid1, MemoryBytes: 8 << 30, Weight: 2}) {
 		t.Fatalf("grant %+v %v", g, err)
 	}
 	if len(relayed) != 1 || <-relayed != dir || len(car.Devices) != 0 || car.Envs["GPUWARDEN_REMOTE"] == "" || len(car.Mounts) != 2 {

@@ -18,7 +18,7 @@ import (
 
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
-	"github.com/gpuwarden/gpuwarden/enforcer/policy"
+	"github.com/gpuwarden/gpuwarden/enforcer/vocab"
 )
 
 // Preload modes: how the interposer gets into a container's processes.
@@ -50,15 +50,16 @@ type RemoteConfig struct {
 	// Server names the server that holds a GPU (by UUID).
 	Server func(uuid string) (string, bool)
 	// Relay serves an allocation's relay socket (in its control directory,
-	// allocation.RelayDir) before its container starts.
+	// session.RelayDir) before its container starts.
 	Relay func(dir string) error
 }
 
 // Validate checks a config; it changes nothing.
 func (c Config) Validate() error {
 	var errs []error
-	if policy.CheckMaxInst(c.MaxInst) != nil {
-		errs = append(errs, fmt.Errorf("devicePlugin.maxInst %d: want 1-%d", c.MaxInst, policy.MaxMaxInst))
+	var bad *vocab.Error
+	if err := vocab.CheckMaxInst(c.MaxInst); errors.As(err, &bad) {
+		errs = append(errs, fmt.Errorf("devicePlugin.maxInst %d: want %s", c.MaxInst, bad.Want))
 	}
 	for _, p := range []struct{ key, v string }{{"devicePlugin.kubeletDir", c.KubeletDir}, {"controlDir", c.ControlDir},
 		{"devicePlugin.interposerPath", c.InterposerPath}, {"devicePlugin.deviceRoot", c.DeviceRoot}} {

@@ -11,12 +11,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"syscall"
 	"time"
 
-	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 )
 
 // simMemory is the simulated device's size: room for an 8 GiB quota and more.
@@ -47,7 +47,7 @@ func newEnv(o Options) (*env, error) {
 		return nil, fmt.Errorf("make work directory: %w", err)
 	}
 	e := &env{o: o, work: work}
-	e.cgRoot, e.cgErr = cgroups.Mount("/proc/self/mountinfo")
+	e.cgRoot, e.cgErr = hostcgroup.Mount("/proc/self/mountinfo")
 	if e.cgErr != nil && os.Geteuid() == 0 {
 		e.mountCgroup2()
 	}
@@ -409,11 +409,10 @@ type agent struct {
 	log   string
 }
 
-var servingRe = regexp.MustCompile(`msg=serving address=(\S+)`)
-
 // startAgent runs the bundle's agent on a free loopback port, its control
 // blocks in controlDir and its files in the work directory; settings are
-// GPUWARDEN_* variables that override the defaults here.
+// GPUWARDEN_* variables that override the defaults here. It returns once the
+// agent is ready.
 func (e *env) startAgent(ctx context.Context, controlDir string, settings ...string) (*agent, error) {
 	dir := e.newDir("agent")
 	a := &agent{token: filepath.Join(dir, "token"), log: filepath.Join(dir, "agent.log")}
@@ -433,22 +432,21 @@ func (e *env) startAgent(ctx context.Context, controlDir string, settings ...str
 	}
 	defer logf.Close()
 	cmd.Stderr = logf
-	if a.p, err = e.start(cmd, nil, func(string) {}); err != nil {
+	ready, err := agentapi.AwaitReady(cmd)
+	if err != nil {
 		return nil, err
 	}
-	for i := 0; i < 300 && ctx.Err() == nil; i++ {
-		b, _ := os.ReadFile(a.log)
-		if m := servingRe.FindSubmatch(b); m != nil {
-			a.addr = string(m[1])
-			return a, nil
-		}
-		if strings.Contains(string(b), "agent failed to start") {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
+	if a.p, err = e.start(cmd, nil, func(string) {}); err != nil {
+		ready.Close()
+		return nil, err
 	}
-	a.stop()
-	return nil, fmt.Errorf("the agent did not start: %s", a.tail())
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if a.addr, err = ready.Wait(wctx, func() string { b, _ := os.ReadFile(a.log); return string(b) }); err != nil {
+		a.stop()
+		return nil, err
+	}
+	return a, nil
 }
 
 // stop ends the agent with SIGTERM (SIGKILL after 10 s).

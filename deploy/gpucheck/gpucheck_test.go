@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
 
@@ -66,7 +66,7 @@ func TestSimulationMode(t *testing.T) {
 		t.Errorf("run.sh did not print the BENCH lines:\n%s", b)
 	}
 	// Nothing left behind: no cgroup of the check's, no agent of the bundle's.
-	mnt, err := cgroups.Mount("/proc/self/mountinfo")
+	mnt, err := hostcgroup.Mount("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)
 	}

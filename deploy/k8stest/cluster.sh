@@ -14,13 +14,15 @@
 #   GPUWARDEN_K8S_KEEP=1 keep the state directory (logs) after teardown
 #   GO                   the go command (default go)
 #
-# The Kubernetes version is the one deploy/k8stest/go.mod requires; etcd is
-# the one that version's module graph holds.
+# The Kubernetes version is the one deploy/k8stest/kubernetes/go.mod requires
+# (a module of its own, for the build alone: the tests' module has Helm's
+# newer dependency tree); etcd is the one that version's module graph holds.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 GO=${GO:-go}
-K8S_VERSION=$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' "$HERE/go.mod")
+K8S_MOD=$HERE/kubernetes
+K8S_VERSION=$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' "$K8S_MOD/go.mod")
 CACHE_ROOT=${GPUWARDEN_K8S_CACHE:-/var/cache/gpuwarden-k8s}
 CACHE=$CACHE_ROOT/$K8S_VERSION
 
@@ -30,8 +32,7 @@ die() { log "$*"; exit 1; }
 # build: one `go build` of the server binaries, kubectl and etcd into
 # $CACHE/bin. A stamp names the inputs (go.sum, which changes with any
 # version or replacement, and the flags), so a changed module graph rebuilds
-# and an unchanged one costs nothing; go.mod is left out because the tests'
-# own imports change it without changing the graph. nice: these machines are
+# and an unchanged one costs nothing. nice: these machines are
 # shared with timing tests.
 build() {
     local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
@@ -40,7 +41,7 @@ build() {
         ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
     done
     local stamp
-    stamp=$(cat "$HERE/go.sum" <(echo "$ldflags") | sha256sum | cut -d' ' -f1)
+    stamp=$(cat "$K8S_MOD/go.sum" <(echo "$ldflags") | sha256sum | cut -d' ' -f1)
     if [ -f "$CACHE/bin/.stamp" ] && [ "$(cat "$CACHE/bin/.stamp")" = "$stamp" ]; then
         return
     fi
@@ -48,7 +49,7 @@ build() {
     mkdir -p "$CACHE"
     local tmp
     tmp=$(mktemp -d "$CACHE/bin.XXXXXX")
-    (cd "$HERE" && CGO_ENABLED=0 nice -n 19 "$GO" build -trimpath -ldflags "-s -w$ldflags" -o "$tmp/" \
+    (cd "$K8S_MOD" && CGO_ENABLED=0 nice -n 19 "$GO" build -trimpath -ldflags "-s -w$ldflags" -o "$tmp/" \
         k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
         k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl \
         go.etcd.io/etcd/server/v3) || { rm -rf "$tmp"; die "build failed"; }

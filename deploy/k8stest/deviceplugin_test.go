@@ -18,9 +18,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 	podresources "k8s.io/kubelet/pkg/apis/podresources/v1"
+
+	"github.com/gpuwarden/gpuwarden/deploy/k8stest/kube"
 )
 
 const (
@@ -31,46 +31,16 @@ const (
 	busybox   = "gpuwarden.test/busybox:1" // imported by cluster.sh; never pulled
 )
 
-// cluster is what cluster.sh hands the test through its environment.
+// cluster is the cluster cluster.sh runs the test in; its pods go in
+// namespace.
 type cluster struct {
-	client    *kubernetes.Clientset
-	node      string
-	plugins   string // the kubelet's device-plugins directory
-	podRes    string // the kubelet's pod-resources socket
+	*kube.Cluster
 	namespace string
 }
 
-// needCluster skips unless the test runs inside `cluster.sh run` (make
-// k8s-test): without a kubelet and an API server there is nothing to test.
 func needCluster(t *testing.T) *cluster {
 	t.Helper()
-	state := os.Getenv("GPUWARDEN_K8S_STATE")
-	if state == "" {
-		t.Skip("no cluster: run through `make k8s-test` (deploy/k8stest/cluster.sh run)")
-	}
-	cfg, err := clientcmd.BuildConfigFromFlags("", os.Getenv("KUBECONFIG"))
-	if err != nil {
-		t.Fatalf("load kubeconfig: %v", err)
-	}
-	c := &cluster{node: os.Getenv("GPUWARDEN_K8S_NODE"), plugins: os.Getenv("GPUWARDEN_K8S_DEVICE_PLUGINS"),
-		podRes: os.Getenv("GPUWARDEN_K8S_POD_RESOURCES_SOCKET"), namespace: "default"}
-	if c.client, err = kubernetes.NewForConfig(cfg); err != nil {
-		t.Fatalf("client: %v", err)
-	}
-	return c
-}
-
-// bin is a build output of `make build` in the repository's bin/.
-func bin(t *testing.T, name string) string {
-	t.Helper()
-	p, err := filepath.Abs(filepath.Join("..", "..", "bin", name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(p); err != nil {
-		t.Fatalf("%s: run `make build` first: %v", name, err)
-	}
-	return p
+	return &cluster{Cluster: kube.Need(t), namespace: "default"}
 }
 
 // startAgent runs bin/gpuwarden agent as a node's agent runs, outside any
@@ -81,19 +51,19 @@ func startAgent(t *testing.T, c *cluster) string {
 	t.Helper()
 	dir := t.TempDir()
 	control := filepath.Join(dir, "control")
-	cmd := exec.Command(bin(t, "gpuwarden"), "agent", "--listen", "127.0.0.1:0")
+	cmd := exec.Command(kube.Bin(t, "gpuwarden"), "agent", "--listen", "127.0.0.1:0")
 	cmd.Env = append(ownEnv(),
 		"SIMGPU_STATE="+filepath.Join(dir, "simgpu.state"), "SIMGPU_DEVICES=1", "SIMGPU_MEMORY="+simMemory,
-		"GPUWARDEN_NVML_LIBRARY="+bin(t, "simgpu/libnvidia-ml.so.1"),
+		"GPUWARDEN_NVML_LIBRARY="+kube.Bin(t, "simgpu/libnvidia-ml.so.1"),
 		"GPUWARDEN_EBPF_ENABLED=false",
 		"GPUWARDEN_CONTROL_DIR="+control,
 		"GPUWARDEN_ENFORCEMENT_API_TOKEN_FILE="+filepath.Join(dir, "token"),
 		"GPUWARDEN_ENFORCEMENT_STATE_FILE="+filepath.Join(dir, "settings.json"),
-		"GPUWARDEN_NODE_NAME="+c.node,
-		"GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET="+c.podRes,
+		"GPUWARDEN_NODE_NAME="+c.Node,
+		"GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET="+c.PodResources,
 		"GPUWARDEN_DEVICE_PLUGIN_ENABLED=true",
-		"GPUWARDEN_DEVICE_PLUGIN_KUBELET_DIR="+c.plugins,
-		"GPUWARDEN_DEVICE_PLUGIN_INTERPOSER_PATH="+bin(t, "libgpuwarden.so"),
+		"GPUWARDEN_DEVICE_PLUGIN_KUBELET_DIR="+c.DevicePlugins,
+		"GPUWARDEN_DEVICE_PLUGIN_INTERPOSER_PATH="+kube.Bin(t, "libgpuwarden.so"),
 	)
 	logPath := filepath.Join(dir, "agent.log")
 	logFile, err := os.Create(logPath)
@@ -138,23 +108,6 @@ func ownEnv() []string {
 	return env
 }
 
-// eventually retries f every half second until it returns nil or the
-// timeout passes; timeouts are generous, the machines are shared.
-func eventually(t *testing.T, timeout time.Duration, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v: %v", what, timeout, err)
-		}
-		time.Sleep(500 * time.Millisecond)
-	}
-}
-
 // pod makes a busybox pod asking for n of res; its container prints its
 // environment and mount table, then sleeps.
 func (c *cluster) pod(t *testing.T, name string, res corev1.ResourceName, n int64) *corev1.Pod {
@@ -173,13 +126,13 @@ func (c *cluster) pod(t *testing.T, name string, res corev1.ResourceName, n int6
 		},
 	}
 	ctx := context.Background()
-	p, err := c.client.CoreV1().Pods(c.namespace).Create(ctx, p, metav1.CreateOptions{})
+	p, err := c.Client.CoreV1().Pods(c.namespace).Create(ctx, p, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("create pod %s: %v", name, err)
 	}
 	t.Cleanup(func() {
 		zero := int64(0)
-		_ = c.client.CoreV1().Pods(c.namespace).Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
+		_ = c.Client.CoreV1().Pods(c.namespace).Delete(context.Background(), name, metav1.DeleteOptions{GracePeriodSeconds: &zero})
 	})
 	return p
 }
@@ -194,19 +147,19 @@ type output struct {
 func (c *cluster) output(t *testing.T, name string) output {
 	t.Helper()
 	var out output
-	eventually(t, 2*time.Minute, "pod "+name+" prints its environment and mounts", func() error {
-		p, err := c.client.CoreV1().Pods(c.namespace).Get(context.Background(), name, metav1.GetOptions{})
+	kube.Eventually(t, 2*time.Minute, "pod "+name+" prints its environment and mounts", func() error {
+		p, err := c.Client.CoreV1().Pods(c.namespace).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
 		switch p.Status.Phase {
 		case corev1.PodRunning:
 		case corev1.PodFailed, corev1.PodSucceeded:
-			t.Fatalf("pod %s: phase %s (%s)", name, p.Status.Phase, describe(p))
+			t.Fatalf("pod %s: phase %s (%s)", name, p.Status.Phase, kube.Describe(p))
 		default:
-			return fmt.Errorf("phase %s (%s)", p.Status.Phase, describe(p))
+			return fmt.Errorf("phase %s (%s)", p.Status.Phase, kube.Describe(p))
 		}
-		b, err := c.client.CoreV1().Pods(c.namespace).GetLogs(name, &corev1.PodLogOptions{}).DoRaw(context.Background())
+		b, err := c.Client.CoreV1().Pods(c.namespace).GetLogs(name, &corev1.PodLogOptions{}).DoRaw(context.Background())
 		if err != nil {
 			return fmt.Errorf("logs: %w", err)
 		}
@@ -238,24 +191,6 @@ func (c *cluster) output(t *testing.T, name string) output {
 	return out
 }
 
-func describe(p *corev1.Pod) string {
-	var s []string
-	for _, c := range p.Status.Conditions {
-		if c.Status != corev1.ConditionTrue {
-			s = append(s, fmt.Sprintf("%s=%s %s: %s", c.Type, c.Status, c.Reason, c.Message))
-		}
-	}
-	for _, cs := range p.Status.ContainerStatuses {
-		if w := cs.State.Waiting; w != nil {
-			s = append(s, fmt.Sprintf("container %s waiting %s: %s", cs.Name, w.Reason, w.Message))
-		}
-		if x := cs.State.Terminated; x != nil {
-			s = append(s, fmt.Sprintf("container %s terminated %s (exit %d): %s", cs.Name, x.Reason, x.ExitCode, x.Message))
-		}
-	}
-	return strings.Join(s, "; ")
-}
-
 var uuidRe = regexp.MustCompile(`^GPU-[0-9a-fA-F-]+$`)
 
 // TestDevicePluginOnRealKubelet: the agent registers both resources with a
@@ -270,8 +205,8 @@ func TestDevicePluginOnRealKubelet(t *testing.T) {
 
 	// 1 GPU of 16 GiB: 4 slots and 16 GiB.
 	want := map[corev1.ResourceName]int64{resGPU: 4, resMemory: 16}
-	eventually(t, 2*time.Minute, "the node offers gpuwarden's resources", func() error {
-		n, err := c.client.CoreV1().Nodes().Get(ctx, c.node, metav1.GetOptions{})
+	kube.Eventually(t, 2*time.Minute, "the node offers gpuwarden's resources", func() error {
+		n, err := c.Client.CoreV1().Nodes().Get(ctx, c.Node, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -345,8 +280,8 @@ func TestDevicePluginOnRealKubelet(t *testing.T) {
 
 	// 17 GiB on a node of 16: the scheduler never places it.
 	c.pod(t, "too-big", resMemory, 17)
-	eventually(t, 2*time.Minute, "too-big is unschedulable", func() error {
-		p, err := c.client.CoreV1().Pods(c.namespace).Get(ctx, "too-big", metav1.GetOptions{})
+	kube.Eventually(t, 2*time.Minute, "too-big is unschedulable", func() error {
+		p, err := c.Client.CoreV1().Pods(c.namespace).Get(ctx, "too-big", metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -356,10 +291,10 @@ func TestDevicePluginOnRealKubelet(t *testing.T) {
 				return nil
 			}
 		}
-		return fmt.Errorf("phase %s, node %q (%s)", p.Status.Phase, p.Spec.NodeName, describe(p))
+		return fmt.Errorf("phase %s, node %q (%s)", p.Status.Phase, p.Spec.NodeName, kube.Describe(p))
 	})
 	time.Sleep(5 * time.Second) // and stays so
-	p, err := c.client.CoreV1().Pods(c.namespace).Get(ctx, "too-big", metav1.GetOptions{})
+	p, err := c.Client.CoreV1().Pods(c.namespace).Get(ctx, "too-big", metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -372,7 +307,7 @@ func TestDevicePluginOnRealKubelet(t *testing.T) {
 // reports for one container.
 func (c *cluster) podDevices(t *testing.T, pod, container string, res corev1.ResourceName) []string {
 	t.Helper()
-	conn, err := grpc.NewClient("unix://"+c.podRes, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("unix://"+c.PodResources, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		t.Fatalf("pod-resources: %v", err)
 	}

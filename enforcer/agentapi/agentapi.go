@@ -1,7 +1,8 @@
 // Package agentapi holds what the agent's HTTP API exchanges with
 // `gpuwarden smi`, `gpuwarden ctl` and other clients: the collector's read
 // API (containers, devices), the enforcer's change API (container and GPU
-// settings, events) and /readyz. The collector and the enforcer both fill
+// settings, events) and /readyz, and how a process that starts an agent
+// learns that it is ready (AwaitReady). The collector and the enforcer both fill
 // these types, so they live in enforcer/, which the collector already
 // imports and which imports nothing of the collector.
 package agentapi
@@ -132,7 +133,7 @@ type Process struct {
 // cgroup path, or namespace/pod/container.
 type ContainerChange struct {
 	MemoryLimit  *string `json:"memoryLimit,omitempty"`  // GPUWARDEN_MEMORY_LIMIT's syntax: "6Gi", "3Gi,4Gi"; "0": none
-	Weight       *int    `json:"weight,omitempty"`       // 1-policy.MaxWeight
+	Weight       *int    `json:"weight,omitempty"`       // 1-vocab.MaxWeight
 	ComputeLimit *int    `json:"computeLimit,omitempty"` // percent 0-100; 0: none
 	Priority     *string `json:"priority,omitempty"`     // high or normal
 }

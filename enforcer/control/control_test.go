@@ -66,7 +66,7 @@ func TestChangeAnswers(t *testing.T) {
 		{"unknown container", "POST", "/api/v1/containers/nope/settings", tok, `{"weight":2}`, 404, `no container \"nope\"`},
 		{"never frozen", "POST", "/api/v1/containers/a/b/unfreeze", tok, ``, 404, "froze no cgroup"},
 		{"GPU by index without NVML", "POST", "/api/v1/gpus/0/settings", tok, `{"maxInst":2}`, 404, `no GPU \"0\"`},
-		{"bad policy", "POST", "/api/v1/gpus/" + gpu + "/settings", tok, `{"policy":"fastest"}`, 400, "policy: want 0-5"},
+		{"bad policy", "POST", "/api/v1/gpus/" + gpu + "/settings", tok, `{"policy":"fastest"}`, 400, `policy \"fastest\": want 0-5 or one of fair-share`},
 		{"max_inst out of range", "POST", "/api/v1/gpus/" + gpu + "/settings", tok, `{"maxInst":129}`, 400, "max_inst 129"},
 		{"unknown field", "POST", "/api/v1/gpus/" + gpu + "/settings", tok, `{"maxInstances":2}`, 400, `unknown field \"maxInstances\"`},
 		{"GPU change", "POST", "/api/v1/gpus/" + gpu + "/settings", tok, `{"policy":"weighted","maxInst":2}`, 200, `"maxInst":2`},

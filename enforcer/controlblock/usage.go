@@ -11,7 +11,7 @@ import (
 	"unicode/utf8"
 	"unsafe"
 
-	"github.com/gpuwarden/gpuwarden/enforcer/policy"
+	"github.com/gpuwarden/gpuwarden/enforcer/vocab"
 )
 
 // MaxPlausibleBytes bounds any byte count read from a ledger: more than any
@@ -118,7 +118,7 @@ func parseUsage(u *Usage) (*UsageSnapshot, error) {
 		s.LaunchesIssued[d] = u.LaunchesIssued[d]
 		s.AllocFailures[d] = u.AllocFailures[d]
 	}
-	if u.ClaimWeight > policy.MaxWeight {
+	if u.ClaimWeight > vocab.MaxWeight {
 		bad("claimed weight %d", u.ClaimWeight)
 	} else {
 		s.ClaimWeight = u.ClaimWeight

@@ -8,6 +8,11 @@
 //
 // The interposer reads its own /proc/self/cgroup by the same rule
 // (enforcer/interposer/src/cgroup.c; a test runs both on the same inputs).
+//
+// The package also says where that hierarchy is mounted (Mount, from
+// mountinfo) and how a path read in a cgroup namespace maps into the
+// host's tree (HostPath, Within), so every part and test finds the same
+// cgroup2 tree the same way.
 package hostcgroup
 
 import (
@@ -15,6 +20,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -38,6 +44,20 @@ var ErrNoV2 = errors.New("no cgroup v2 (0::) line")
 // procRoot is normally "/proc".
 func Of(procRoot string, pid int) (string, error) {
 	return File(filepath.Join(procRoot, strconv.Itoa(pid), "cgroup"))
+}
+
+// HostPath turns a process's cgroup path, as /proc/<pid>/cgroup shows it to
+// a reader in its own cgroup namespace (relative to that namespace's root,
+// "/../x" for what lies outside it), into the path in the host's tree, given
+// the host path of the reader's namespace root ("/" outside any namespace).
+func HostPath(nsRoot, p string) string {
+	return path.Join("/", nsRoot, p)
+}
+
+// Within says whether cgroup p is root or lies under it.
+func Within(p, root string) bool {
+	p, root = path.Clean("/"+p), path.Clean("/"+root)
+	return root == "/" || p == root || strings.HasPrefix(p, root+"/")
 }
 
 // File returns the cgroup v2 path in a /proc/<pid>/cgroup file; an error

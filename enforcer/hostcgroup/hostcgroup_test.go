@@ -9,7 +9,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/gpuwarden/gpuwarden/collector/cgroups"
 	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
@@ -200,12 +199,44 @@ func TestParseMatchesC(t *testing.T) {
 	}
 }
 
+func TestHostPath(t *testing.T) {
+	for _, tc := range []struct{ root, p, want string }{
+		{"/", "/kubepods/pod1/c1", "/kubepods/pod1/c1"},
+		{"/kubepods/podA/agent", "/", "/kubepods/podA/agent"},
+		{"/kubepods/podA/agent", "/../../podB/c2", "/kubepods/podB/c2"},
+		{"/kubepods/podA/agent", "/../../../system.slice/x.service", "/system.slice/x.service"},
+	} {
+		if got := hostcgroup.HostPath(tc.root, tc.p); got != tc.want {
+			t.Errorf("HostPath(%q, %q) = %q, want %q", tc.root, tc.p, got, tc.want)
+		}
+	}
+}
+
+func TestWithin(t *testing.T) {
+	for _, tc := range []struct {
+		p, root string
+		want    bool
+	}{
+		{"/kubepods/pod1/c1", "/", true},
+		{"/kubepods/pod1/c1", "/kubepods", true},
+		{"/kubepods", "/kubepods", true},
+		{"/kubepods/", "/kubepods", true},
+		{"/kubepods.slice/x", "/kubepods", false},
+		{"/system.slice", "/kubepods", false},
+		{"/", "/kubepods", false},
+	} {
+		if got := hostcgroup.Within(tc.p, tc.root); got != tc.want {
+			t.Errorf("Within(%q, %q) = %v, want %v", tc.p, tc.root, got, tc.want)
+		}
+	}
+}
+
 // On this machine's layout (hybrid here: v1 controllers and v2 at
 // /sys/fs/cgroup/unified; pure v2 elsewhere) a process placed into a fresh
 // v2 cgroup is read there, whatever its v1 lines say.
 func TestOfPlacedProcess(t *testing.T) {
 	cg := simtest.NewCgroup(t, "hostcgroup")
-	mnt, err := cgroups.Mount("/proc/self/mountinfo")
+	mnt, err := hostcgroup.Mount("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)
 	}

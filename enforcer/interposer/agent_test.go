@@ -391,7 +391,7 @@ func TestRealAgentKilled(t *testing.T) {
 	})
 	time.Sleep(4 * time.Second) // long enough for the pace to be seen (windows of 1-4 s of beats)
 
-	killAgent(t, agent)
+	agent.Kill(t)
 	killed := time.Now()
 	time.Sleep(1500 * time.Millisecond) // silent after 0.5s
 	var before [2]uint64
@@ -412,19 +412,6 @@ func TestRealAgentKilled(t *testing.T) {
 		env: []string{"GPUWARDEN_MEMORY_LIMIT=2Gi"}}
 	r := b.run("init", "ctx", "0", "alloc", "1Gi")
 	r.expect(t, "init CUDA_SUCCESS", "ctx CUDA_SUCCESS", "alloc CUDA_ERROR_OUT_OF_MEMORY")
-}
-
-// killAgent SIGKILLs a real agent and reaps it (its own cleanup then has
-// nothing to stop: an orderly stop can outlast its 10s on a loaded machine).
-func killAgent(t *testing.T, a *simtest.Agent) {
-	t.Helper()
-	if a.Proc.Cmd.ProcessState != nil {
-		return
-	}
-	if err := a.Proc.Cmd.Process.Kill(); err != nil {
-		t.Fatal(err)
-	}
-	_ = a.Proc.Cmd.Wait()
 }
 
 // TestLimitsReplaced: a limits file replaced by rename (as the agent replaces

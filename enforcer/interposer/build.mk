@@ -28,7 +28,7 @@ $(BIN)/interposer/gw-bench: $(GW_DIR)/tests/gw_bench.c simgpu/include/cuda.h $(B
 
 # The C environment and cgroup parsers on their own, for the Go twins' differential tests.
 $(BIN)/interposer/gw-envcheck: $(GW_DIR)/tests/gw_envcheck.c $(GW_DIR)/src/env.c $(GW_DIR)/src/env.h \
-		$(GW_DIR)/src/cgroup.c $(GW_DIR)/src/cgroup.h $(GW_DIR)/gpuwarden_abi.h
+		$(GW_DIR)/src/vocab_gen.h $(GW_DIR)/src/cgroup.c $(GW_DIR)/src/cgroup.h $(GW_DIR)/gpuwarden_abi.h
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -O1 -g -Wall -Wextra -Werror $(GW_INC) -o $@ $< $(GW_DIR)/src/env.c $(GW_DIR)/src/cgroup.c
 

@@ -58,7 +58,7 @@ func TestReentryUnderProbes(t *testing.T) {
 	simtest.RequirePrivileged(t, "eBPF")
 	b := newBox(t, 1, "16Gi", "GPUWARDEN_MEMORY_LIMIT=1Gi")
 	agent := simtest.StartAgent(t, b.m)
-	t.Cleanup(func() { killAgent(t, agent) }) // only its probes matter here
+	t.Cleanup(func() { agent.Kill(t) }) // only its probes matter here
 	lib := simtest.Bin(t, "simgpu/libcuda.so.1")
 	simtest.Eventually(t, 60*time.Second, func() error {
 		for _, l := range strings.Split(agent.Log(), "\n") {

@@ -1,9 +1,9 @@
 package membership
 
 import (
-	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 	"github.com/gpuwarden/gpuwarden/enforcer/scheduler"
 	"github.com/gpuwarden/gpuwarden/enforcer/settings"
+	"github.com/gpuwarden/gpuwarden/enforcer/vocab"
 )
 
 // Annotate holds a container of a pod (namespace/name) to its pod's
@@ -15,7 +15,7 @@ func (e *Enforcement) Annotate(cgroup uint64, pod, container string, annotations
 	if m == nil {
 		return
 	}
-	claims, err := allocation.ParseAnnotations(annotations, container)
+	ann, err := vocab.ParseAnnotations(annotations, container)
 	e.mu.Lock()
 	logged := m.badAnnotations
 	if err != nil {
@@ -31,8 +31,8 @@ func (e *Enforcement) Annotate(cgroup uint64, pod, container string, annotations
 		return
 	}
 	var annotated *scheduler.Settings
-	if claims != (allocation.Claims{}) {
-		annotated = &scheduler.Settings{Weight: int(claims.Weight), CapPercent: int(claims.ComputeLimit), High: claims.Priority == "high"}
+	if ann != (vocab.Annotated{}) {
+		annotated = &scheduler.Settings{Weight: ann.Weight, CapPercent: ann.CapPercent, High: ann.Priority == vocab.PriorityHigh}
 	}
 	st := settings.Resolve(e.cfg.Settings.Compute(m.dir), annotated)
 	e.mu.Lock()

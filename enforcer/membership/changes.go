@@ -10,9 +10,9 @@ import (
 
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
-	"github.com/gpuwarden/gpuwarden/enforcer/policy"
 	"github.com/gpuwarden/gpuwarden/enforcer/scheduler"
 	"github.com/gpuwarden/gpuwarden/enforcer/settings"
+	"github.com/gpuwarden/gpuwarden/enforcer/vocab"
 )
 
 var (
@@ -119,33 +119,31 @@ func (e *Enforcement) ChangeContainer(name string, ch agentapi.ContainerChange) 
 	cur := e.current(m.dir)
 	next := cur
 	if ch.Weight != nil {
-		if err := policy.CheckWeight(*ch.Weight); err != nil {
+		if err := vocab.CheckWeight(*ch.Weight); err != nil {
 			return res, err
 		}
 		next.Weight = *ch.Weight
 	}
 	if ch.ComputeLimit != nil {
+		// 0 lifts the cap: asked for by name, never by a bad value.
+		if err := vocab.CheckCapPercent(*ch.ComputeLimit); err != nil && *ch.ComputeLimit != 0 {
+			return res, fmt.Errorf("%w, or 0 for none", err)
+		}
 		next.CapPercent = *ch.ComputeLimit
 	}
 	if ch.Priority != nil {
-		switch *ch.Priority {
-		case "high":
-			next.High = true
-		case "normal":
-			next.High = false
-		default:
-			return res, errors.New("priority: want high or normal")
+		var err error
+		if next.High, err = vocab.ParsePriority(*ch.Priority); err != nil {
+			return res, err
 		}
-	}
-	if err := (policy.Container{Weight: next.Weight, CapPercent: next.CapPercent}).Validate(); err != nil {
-		return res, err
 	}
 	var mem [controlblock.MaxDevices]uint64
 	if ch.MemoryLimit != nil {
-		var ok bool
-		if mem, ok = controlblock.ParseMemoryList(*ch.MemoryLimit); !ok {
-			return res, errors.New("memoryLimit: want a size list such as 6Gi or 3Gi,4Gi (0: none)")
+		list, err := vocab.ParseMemoryList(*ch.MemoryLimit, controlblock.MaxDevices)
+		if err != nil {
+			return res, err
 		}
+		copy(mem[:], list)
 		for _, d := range m.devices {
 			if held := m.usage.Reserved(d.Ordinal); mem[d.Ordinal] > 0 && held > mem[d.Ordinal] {
 				res.Warnings = append(res.Warnings, fmt.Sprintf("GPU %s: the container already holds %d MiB, over the new limit of %d MiB; "+
@@ -216,15 +214,15 @@ func (e *Enforcement) ChangeGPU(ctx context.Context, uuid string, ch agentapi.GP
 	node, _ := e.NodeGPUs()
 	g := e.cfg.Settings.GPU(uuid)
 	if ch.Policy != nil {
-		p, err := policy.Parse(*ch.Policy)
+		p, err := vocab.ParsePolicy(*ch.Policy)
 		if err != nil {
-			return agentapi.ChangeResult{}, kindError{ErrBadChange, errors.New("policy: want 0-5 or one of " + policyNames())}
+			return agentapi.ChangeResult{}, kindError{ErrBadChange, err}
 		}
 		g.Policy, g.PolicySet = p, true
 	}
 	if ch.MaxInst != nil {
 		g.MaxInst = *ch.MaxInst
-		if err := policy.CheckMaxInst(g.MaxInst); err != nil {
+		if err := vocab.CheckMaxInst(g.MaxInst); err != nil {
 			return agentapi.ChangeResult{}, kindError{ErrBadChange, err}
 		}
 		if err := e.setSlots(ctx, slices.Index(node, uuid), g.MaxInst); err != nil {
@@ -242,13 +240,4 @@ func (e *Enforcement) ChangeGPU(ctx context.Context, uuid string, ch agentapi.GP
 	}
 	info := gpuInfo(e.s.GPU(uuid), node)
 	return agentapi.ChangeResult{InForce: e.inForce(uuid), GPU: &info}, nil
-}
-
-// policyNames lists the policies by name, for an error.
-func policyNames() string {
-	var names []string
-	for p := policy.Policy(0); p.Valid(); p++ {
-		names = append(names, p.String())
-	}
-	return strings.Join(names, ", ")
 }

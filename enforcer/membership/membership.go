@@ -105,6 +105,9 @@ func Start(cfg Config) *Enforcement {
 		}
 	}
 	e.s.Start()
+	// The first round before Start returns: an agent that says it is
+	// ready has taken on the ledgers already there.
+	e.discover(true)
 	ctx, cancel := context.WithCancel(context.Background())
 	e.stop = cancel
 	go e.loop(ctx)
@@ -147,16 +150,16 @@ func (e *Enforcement) loop(ctx context.Context) {
 	defer close(e.done)
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
-	for round := 0; ; round++ {
-		// New containers are taken on within half a second; members are
-		// looked at again (their GPUs, their cgroup) every 2 s: a thousand
-		// of them twice a second would cost more than it holds.
-		e.discover(round%4 == 0)
+	for round := 1; ; round++ {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		// New containers are taken on within half a second; members are
+		// looked at again (their GPUs, their cgroup) every 2 s: a thousand
+		// of them twice a second would cost more than it holds.
+		e.discover(round%4 == 0)
 	}
 }
 
@@ -379,7 +382,8 @@ func (m *member) close() {
 	m.usage.Close()
 }
 
-// GPUKey is a container's cgroup and one of its GPUs.
+// GPUKey is a container's cgroup (its id) and one of its GPUs, by UUID as
+// the enforcer knows GPUs; the collector reads Scheduling by it.
 type GPUKey struct {
 	Cgroup uint64
 	UUID   string
@@ -392,7 +396,8 @@ type Scheduled struct {
 	// Held: the gate holds it to Target, with no borrowing (soft) or
 	// priority to take more, and Target is below the whole device.
 	Held bool
-	// Rewinds counts the times its launch tickets went back.
+	// Rewinds counts the times the scheduler (which reads launch tickets
+	// every few milliseconds) saw its ledger's tickets go back.
 	Rewinds uint64
 }
 

@@ -166,3 +166,15 @@ func TestResolveGPUWithoutNVML(t *testing.T) {
 		t.Errorf("max_inst 0: %v, want ErrBadChange", err)
 	}
 }
+
+// The ledgers already in the control directory are taken on before Start
+// returns, so an agent that says it is ready holds them.
+func TestLedgersTakenOnAtStart(t *testing.T) {
+	cd := t.TempDir()
+	writeLedger(t, cd, "first", 42, 1, 0)
+	writeLedger(t, cd, "second", 43, 2, 0)
+	e := start(t, cd)
+	if g := e.GPU(controlblock.UUIDString(gpu0)); g.Containers != 2 {
+		t.Errorf("as Start returned, GPU %+v holds %d containers, want both ledgers' 2", g, g.Containers)
+	}
+}

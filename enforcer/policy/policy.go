@@ -21,11 +21,7 @@
 // policy (a capped container does not borrow under soft).
 package policy
 
-import (
-	"fmt"
-	"strconv"
-	"strings"
-)
+import "fmt"
 
 // Policy is a GPU's scheduling policy.
 type Policy int
@@ -45,11 +41,10 @@ const (
 //
 // max_inst is one number per GPU: the containers (slots) the device plugin
 // offers on it and the 1/max_inst that fair-share and fixed divide it by.
+// What a user may set, and its limits, is enforcer/vocab's to read and check.
 const (
 	DefaultMaxInst = 4
-	MaxMaxInst     = 128
 	DefaultPolicy  = Preemptive
-	MaxWeight      = 1000
 )
 
 // MaxInst is the max_inst in force for a setting of n: n, or DefaultMaxInst for 0.
@@ -58,14 +53,6 @@ func MaxInst(n int) int {
 		return DefaultMaxInst
 	}
 	return n
-}
-
-// CheckMaxInst checks a GPU's max_inst: 1-MaxMaxInst.
-func CheckMaxInst(n int) error {
-	if n < 1 || n > MaxMaxInst {
-		return fmt.Errorf("max_inst %d: want 1-%d", n, MaxMaxInst)
-	}
-	return nil
 }
 
 // FreeWeight is cGPU's free_weight: what is left of a GPU's max_inst once
@@ -93,23 +80,9 @@ func (p Policy) Valid() bool { return p >= FairShare && p <= Native }
 // Gated says whether the policy holds launches (all but native do).
 func (p Policy) Gated() bool { return p != Native }
 
-// Parse reads a policy by number ("2") or name ("weighted").
-func Parse(s string) (Policy, error) {
-	s = strings.TrimSpace(strings.ToLower(s))
-	if n, err := strconv.Atoi(s); err == nil && Policy(n).Valid() {
-		return Policy(n), nil
-	}
-	for i, n := range names {
-		if s == n {
-			return Policy(i), nil
-		}
-	}
-	return 0, fmt.Errorf("policy %q: want 0-5 or one of %s", s, strings.Join(names[:], ", "))
-}
-
 // Container is what the policy needs to know of one container on the GPU.
 type Container struct {
-	Weight     int     // 1-MaxWeight; 0 is taken as 1 (Weight)
+	Weight     int     // 1-vocab.MaxWeight; 0 is taken as 1 (Weight)
 	CapPercent int     // hard cap on its share, 1-100; 0: none
 	High       bool    // high priority
 	Present    bool    // has a context on the device (weighted keeps its slices)
@@ -147,27 +120,6 @@ func Weight(w int) int {
 		return 1
 	}
 	return w
-}
-
-// CheckWeight checks a weight someone sets: 1-MaxWeight.
-func CheckWeight(w int) error {
-	if w < 1 || w > MaxWeight {
-		return fmt.Errorf("weight %d: want 1-%d", w, MaxWeight)
-	}
-	return nil
-}
-
-// Validate checks a container's settings.
-func (c Container) Validate() error {
-	if c.Weight != 0 {
-		if err := CheckWeight(c.Weight); err != nil {
-			return err
-		}
-	}
-	if c.CapPercent < 0 || c.CapPercent > 100 {
-		return fmt.Errorf("compute limit %d%%: want 1-100, or 0 for none", c.CapPercent)
-	}
-	return nil
 }
 
 func weight(c Container) float64 { return float64(Weight(c.Weight)) }

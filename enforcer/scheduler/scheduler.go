@@ -54,6 +54,7 @@ import (
 
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/enforcer/policy"
+	"github.com/gpuwarden/gpuwarden/enforcer/vocab"
 )
 
 // Config tunes the loop. Zero values take the defaults.
@@ -86,7 +87,7 @@ func (c *Config) defaults() {
 
 // Settings are a container's compute settings.
 type Settings struct {
-	Weight     int  // 1-policy.MaxWeight (0: 1, policy.Weight)
+	Weight     int  // 1-vocab.MaxWeight (0: 1, policy.Weight)
 	CapPercent int  // hard cap, 1-100; 0: none
 	High       bool // high priority
 	// FromClaims takes weight, cap and priority from what the container's
@@ -201,7 +202,15 @@ func validate(st Settings) error {
 	if st.FromClaims {
 		return nil
 	}
-	return policy.Container{Weight: st.Weight, CapPercent: st.CapPercent}.Validate()
+	if st.Weight != 0 { // 0: not set
+		if err := vocab.CheckWeight(st.Weight); err != nil {
+			return err
+		}
+	}
+	if st.CapPercent != 0 { // 0: no cap
+		return vocab.CheckCapPercent(st.CapPercent)
+	}
+	return nil
 }
 
 // AddContainer puts a container under the scheduler on the given devices.
@@ -296,7 +305,7 @@ func (s *Scheduler) SetGPU(uuid string, gs GPUSettings) error {
 		return fmt.Errorf("set gpu %s: %v is not a policy", uuid, gs.Policy)
 	}
 	if gs.MaxInst != 0 {
-		if err := policy.CheckMaxInst(gs.MaxInst); err != nil {
+		if err := vocab.CheckMaxInst(gs.MaxInst); err != nil {
 			return fmt.Errorf("set gpu %s: %w", uuid, err)
 		}
 	}

@@ -1,12 +1,12 @@
 package simtest
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +14,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
 )
 
 // Agent is a real `gpuwarden agent` process serving on loopback.
@@ -29,12 +31,10 @@ type Agent struct {
 	stderr *os.File
 }
 
-var servingRe = regexp.MustCompile(`msg=serving address=(\S+)`)
-
 // StartAgent runs bin/gpuwarden agent on the machine, listening on a free
 // loopback port, with NVML and eBPF pointed at simgpu and no pinning; env
-// adds or overrides GPUWARDEN_* settings. It is stopped (SIGTERM) when the
-// test ends.
+// adds or overrides GPUWARDEN_* settings. It returns once the agent is
+// ready (agentapi.AwaitReady), and stops it (SIGINT) when the test ends.
 func StartAgent(t testing.TB, m *Machine, env ...string) *Agent {
 	t.Helper()
 	return StartAgentIn(t, m, nil, env...)
@@ -84,7 +84,12 @@ func StartAgentIn(t testing.TB, m *Machine, ns *NetNS, env ...string) *Agent {
 		ns.Wrap(cmd)
 		a.Client = ns.HTTPClient()
 	}
+	ready, err := agentapi.AwaitReady(cmd)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
+		ready.Close()
 		t.Fatalf("start agent: %v", err)
 	}
 	a.Proc = &Proc{Cmd: cmd}
@@ -94,19 +99,12 @@ func StartAgentIn(t testing.TB, m *Machine, ns *NetNS, env ...string) *Agent {
 			t.Logf("agent log:\n%s", a.Log())
 		}
 	})
-	deadline := time.Now().Add(30 * time.Second)
-	for time.Now().Before(deadline) {
-		if m := servingRe.FindStringSubmatch(a.Log()); m != nil {
-			a.Addr = m[1]
-			return a
-		}
-		if cmd.ProcessState != nil {
-			break
-		}
-		time.Sleep(50 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if a.Addr, err = ready.Wait(ctx, a.Log); err != nil {
+		t.Fatal(err)
 	}
-	t.Fatalf("agent did not start serving; log:\n%s", a.Log())
-	return nil
+	return a
 }
 
 // Stop stops the agent with SIGINT, as an operator would; it is done at
@@ -127,6 +125,21 @@ func (a *Agent) Stop(t testing.TB) {
 		<-done
 		t.Errorf("agent did not stop within 10s of SIGINT; log:\n%s", a.Log())
 	}
+}
+
+// Kill stops the agent with SIGKILL and reaps it, for a test about what an
+// agent leaves behind, or one whose orderly stop could outlast Stop's 10 s
+// on a loaded machine.
+func (a *Agent) Kill(t testing.TB) {
+	t.Helper()
+	cmd := a.Proc.Cmd
+	if cmd.ProcessState != nil {
+		return
+	}
+	if err := cmd.Process.Kill(); err != nil {
+		t.Fatalf("kill agent: %v", err)
+	}
+	_ = cmd.Wait()
 }
 
 // Log returns what the agent logged so far.

@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 )
 
 // Cgroup is a cgroup v2 group made for one test: a "container".
@@ -29,7 +29,7 @@ const cgroupRoot = "/gpuwarden-test"
 func NewCgroup(t testing.TB, name string) *Cgroup {
 	t.Helper()
 	RequirePrivileged(t, "cgroups")
-	mnt, err := cgroups.Mount("/proc/self/mountinfo")
+	mnt, err := hostcgroup.Mount("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)
 	}

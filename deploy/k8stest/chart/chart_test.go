@@ -1,8 +1,9 @@
 // Package chart installs gpuwarden's Helm chart on the real single-node
 // cluster of deploy/k8stest/cluster.sh, with Helm's Go packages against the
 // real API server, and runs simgpu's workload in pods under the agent the
-// chart's DaemonSet starts. It is a module of its own: Helm's dependency
-// tree is newer than the Kubernetes that deploy/k8stest builds.
+// chart's DaemonSet starts. Its module, deploy/k8stest, has Helm's
+// dependency tree, newer than the Kubernetes that cluster.sh builds
+// (deploy/k8stest/kubernetes).
 //
 // What is real: the API server (admission, RBAC, schema), scheduler,
 // kubelet (device manager, pod-resources API), containerd and runc; the
@@ -49,6 +50,8 @@ import (
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/cli-runtime/pkg/genericclioptions"
+
+	"github.com/gpuwarden/gpuwarden/deploy/k8stest/kube"
 )
 
 const (
@@ -69,18 +72,18 @@ func init() { log.SetOutput(io.Discard) }
 
 // The host paths the chart is given, all under the cluster's state
 // directory so that nothing of this run is machine-global.
-func (c *cluster) controlDir() string { return filepath.Join(c.state, "gpuwarden", "control") }
+func (c *cluster) controlDir() string { return filepath.Join(c.State, "gpuwarden", "control") }
 func (c *cluster) interposer() string {
-	return filepath.Join(c.state, "gpuwarden", "lib", "libgpuwarden.so")
+	return filepath.Join(c.State, "gpuwarden", "lib", "libgpuwarden.so")
 }
 func (c *cluster) stateFile() string {
-	return filepath.Join(c.state, "gpuwarden", "state", "settings.json")
+	return filepath.Join(c.State, "gpuwarden", "state", "settings.json")
 }
 
 // simgpu's machine is in the settings' directory: the one host directory
 // of the chart's that the agent may write and the workloads can share.
 func (c *cluster) simgpuState() string {
-	return filepath.Join(c.state, "gpuwarden", "state", "simgpu.state")
+	return filepath.Join(c.State, "gpuwarden", "state", "simgpu.state")
 }
 
 // TestChartOnRealNode: the chart installed with Helm runs the agent as the
@@ -91,9 +94,9 @@ func (c *cluster) simgpuState() string {
 // each needs the ones before it.
 func TestChartOnRealNode(t *testing.T) {
 	c := needCluster(t)
-	root := repo(t)
+	root := kube.Repo(t)
 	ctx := context.Background()
-	if c.containerd == "" {
+	if c.Containerd == "" {
 		t.Fatal("GPUWARDEN_K8S_CONTAINERD is not set: cluster.sh names the cluster's containerd socket")
 	}
 	if _, err := os.Stat(c.interposer()); err == nil {
@@ -109,13 +112,13 @@ func TestChartOnRealNode(t *testing.T) {
 		// renders, created by the real API server, with the optional
 		// ServiceMonitor, PrometheusRule and dashboards on.
 		{"install", func(t *testing.T) {
-			if err := importImage(root, imageName, c.containerd, t.TempDir()); err != nil {
+			if err := importImage(root, imageName, c.Containerd, t.TempDir()); err != nil {
 				t.Fatalf("agent image: %v", err)
 			}
 			c.monitoringCRDs(t)
 			// The chart's nodeSelector: GPU nodes, as NVIDIA's feature discovery labels them.
 			patch := []byte(`{"metadata":{"labels":{"nvidia.com/gpu.present":"true"}}}`)
-			if _, err := c.client.CoreV1().Nodes().Patch(ctx, c.node, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
+			if _, err := c.Client.CoreV1().Nodes().Patch(ctx, c.Node, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
 				t.Fatalf("label node: %v", err)
 			}
 			rel := c.helmInstall(t)
@@ -133,7 +136,7 @@ func TestChartOnRealNode(t *testing.T) {
 				{schema.GroupVersionResource{Group: "monitoring.coreos.com", Version: "v1", Resource: "servicemonitors"}, "gpuwarden"},
 				{schema.GroupVersionResource{Group: "monitoring.coreos.com", Version: "v1", Resource: "prometheusrules"}, "gpuwarden"},
 			} {
-				u, err := c.dynamic.Resource(o.gvr).Namespace(namespace).Get(ctx, o.name, metav1.GetOptions{})
+				u, err := c.Dynamic.Resource(o.gvr).Namespace(namespace).Get(ctx, o.name, metav1.GetOptions{})
 				if err != nil {
 					t.Errorf("%s %s: %v", o.gvr.Resource, o.name, err)
 					continue
@@ -146,11 +149,11 @@ func TestChartOnRealNode(t *testing.T) {
 			if err != nil || len(groups) == 0 {
 				t.Errorf("PrometheusRule: spec.groups %v (%v), want the alert rules", groups, err)
 			}
-			cms, err := c.client.CoreV1().ConfigMaps(namespace).List(ctx, metav1.ListOptions{LabelSelector: "grafana_dashboard=1"})
+			cms, err := c.Client.CoreV1().ConfigMaps(namespace).List(ctx, metav1.ListOptions{LabelSelector: "grafana_dashboard=1"})
 			if err != nil || len(cms.Items) == 0 {
 				t.Errorf("dashboards: %d ConfigMaps (%v)", len(cms.Items), err)
 			}
-			if _, err := c.client.RbacV1().ClusterRoleBindings().Get(ctx, "gpuwarden", metav1.GetOptions{}); err != nil {
+			if _, err := c.Client.RbacV1().ClusterRoleBindings().Get(ctx, "gpuwarden", metav1.GetOptions{}); err != nil {
 				t.Errorf("ClusterRoleBinding: %v", err)
 			}
 		}},
@@ -176,7 +179,7 @@ func TestChartOnRealNode(t *testing.T) {
 		// and the agent reports the limit and the refusals under the pod's
 		// name.
 		{"quota", func(t *testing.T) {
-			if _, err := c.client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: podNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+			if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: podNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
 				t.Fatal(err)
 			}
 			c.workloadPod(t, "quota", resGPU, 1, nil,
@@ -185,7 +188,7 @@ func TestChartOnRealNode(t *testing.T) {
 					"while :; do /usr/local/simgpu/workload --try-alloc 2Gi --steps 1; sleep 1; done")
 			c.running(t, podNamespace, "quota")
 			c.tryAllocs(t, "quota", 1)
-			eventually(t, 2*time.Minute, "the agent reports quota's limit and refusals", func() error {
+			kube.Eventually(t, 2*time.Minute, "the agent reports quota's limit and refusals", func() error {
 				if v, err := podValue(agent, "gpuwarden_container_gpu_memory_limit_bytes", "quota", nil); err != nil || v != 4*gib {
 					return fmt.Errorf("gpu_memory_limit_bytes %v (%v), want 4 GiB", v, err)
 				}
@@ -209,7 +212,7 @@ func TestChartOnRealNode(t *testing.T) {
 				uids[name] = string(c.running(t, podNamespace, name).UID)
 			}
 			gpuwarden := filepath.Join(root, "bin", "gpuwarden")
-			eventually(t, 2*time.Minute, "smi names the three pods", func() error {
+			kube.Eventually(t, 2*time.Minute, "smi names the three pods", func() error {
 				cs, err := smiContainers(gpuwarden, agent)
 				if err != nil {
 					return err
@@ -230,7 +233,7 @@ func TestChartOnRealNode(t *testing.T) {
 				return nil
 			})
 			var limits [2]float64
-			eventually(t, 2*time.Minute, "the targets follow the weights", func() error {
+			kube.Eventually(t, 2*time.Minute, "the targets follow the weights", func() error {
 				for i, pod := range []string{"w1", "w2"} {
 					v, err := podValue(agent, "gpuwarden_container_compute_limit_ratio", pod, nil)
 					if err != nil || v <= 0 {
@@ -270,8 +273,8 @@ func TestChartOnRealNode(t *testing.T) {
 					"touch /dev/shm/ran; /usr/local/simgpu/workload --alloc 256Mi --seconds 2; exit 1")
 			p.Spec.RestartPolicy = corev1.RestartPolicyAlways
 			c.createPod(t, p)
-			eventually(t, 3*time.Minute, "crasher runs again after its crash", func() error {
-				p, err := c.client.CoreV1().Pods(podNamespace).Get(ctx, "crasher", metav1.GetOptions{})
+			kube.Eventually(t, 3*time.Minute, "crasher runs again after its crash", func() error {
+				p, err := c.Client.CoreV1().Pods(podNamespace).Get(ctx, "crasher", metav1.GetOptions{})
 				if err != nil {
 					return err
 				}
@@ -298,7 +301,7 @@ func TestChartOnRealNode(t *testing.T) {
 				}
 				return nil
 			}
-			eventually(t, 2*time.Minute, "the restarted container is enforced", enforced)
+			kube.Eventually(t, 2*time.Minute, "the restarted container is enforced", enforced)
 			time.Sleep(5 * time.Second) // past the judge's 2 s of evidence
 			if err := enforced(); err != nil {
 				t.Error(err)
@@ -311,8 +314,8 @@ func TestChartOnRealNode(t *testing.T) {
 		// 17 GiB on a node of 16: never scheduled.
 		{"over-capacity", func(t *testing.T) {
 			c.workloadPod(t, "too-big", resMemory, 17, nil, "exec sleep 3600")
-			eventually(t, 2*time.Minute, "too-big is unschedulable", func() error {
-				p, err := c.client.CoreV1().Pods(podNamespace).Get(ctx, "too-big", metav1.GetOptions{})
+			kube.Eventually(t, 2*time.Minute, "too-big is unschedulable", func() error {
+				p, err := c.Client.CoreV1().Pods(podNamespace).Get(ctx, "too-big", metav1.GetOptions{})
 				if err != nil {
 					return err
 				}
@@ -322,10 +325,10 @@ func TestChartOnRealNode(t *testing.T) {
 						return nil
 					}
 				}
-				return fmt.Errorf("phase %s on %q (%s)", p.Status.Phase, p.Spec.NodeName, describe(p))
+				return fmt.Errorf("phase %s on %q (%s)", p.Status.Phase, p.Spec.NodeName, kube.Describe(p))
 			})
 			time.Sleep(5 * time.Second)
-			p, err := c.client.CoreV1().Pods(podNamespace).Get(ctx, "too-big", metav1.GetOptions{})
+			p, err := c.Client.CoreV1().Pods(podNamespace).Get(ctx, "too-big", metav1.GetOptions{})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -348,14 +351,14 @@ func TestChartOnRealNode(t *testing.T) {
 			c.limitIs(t, agent, "w1", 0.2)
 			before := c.tryAllocs(t, "quota", 1)
 			patch := fmt.Sprintf(`{"spec":{"template":{"metadata":{"annotations":{"kubectl.kubernetes.io/restartedAt":%q}}}}}`, time.Now().Format(time.RFC3339))
-			if _, err := c.client.AppsV1().DaemonSets(namespace).Patch(ctx, "gpuwarden", types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+			if _, err := c.Client.AppsV1().DaemonSets(namespace).Patch(ctx, "gpuwarden", types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
 				t.Fatalf("rollout: %v", err)
 			}
 			pod := c.agentPod(t, old.UID)
 			agent = pod.Status.PodIP + ":9477"
 			c.limitIs(t, agent, "w1", 0.2)
 			c.tryAllocs(t, "quota", before+2)
-			eventually(t, 2*time.Minute, "the new agent reports quota's limit", func() error {
+			kube.Eventually(t, 2*time.Minute, "the new agent reports quota's limit", func() error {
 				if v, err := podValue(agent, "gpuwarden_container_gpu_memory_limit_bytes", "quota", nil); err != nil || v != 4*gib {
 					return fmt.Errorf("gpu_memory_limit_bytes %v (%v), want 4 GiB", v, err)
 				}
@@ -374,10 +377,10 @@ func TestChartOnRealNode(t *testing.T) {
 		{"deleted", func(t *testing.T) {
 			dirs := c.allocationDirs(t)
 			zero := int64(0)
-			if err := c.client.CoreV1().Pods(podNamespace).Delete(ctx, "w2", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+			if err := c.Client.CoreV1().Pods(podNamespace).Delete(ctx, "w2", metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, 3*time.Minute, "w2's series and directory go", func() error {
+			kube.Eventually(t, 3*time.Minute, "w2's series and directory go", func() error {
 				ss, err := metrics(agent, "gpuwarden_container_gpu_memory_limit_bytes")
 				if err != nil {
 					return err
@@ -413,7 +416,7 @@ func (c *cluster) helmInstall(t *testing.T) *release.Release {
 		t.Fatalf("load chart: %v", err)
 	}
 	flags := genericclioptions.NewConfigFlags(false)
-	flags.KubeConfig = &c.kubeconfig
+	flags.KubeConfig = &c.Kubeconfig
 	ns := namespace
 	flags.Namespace = &ns
 	cfg := new(action.Configuration)
@@ -422,7 +425,7 @@ func (c *cluster) helmInstall(t *testing.T) *release.Release {
 	}
 	in := action.NewInstall(cfg)
 	in.ReleaseName, in.Namespace, in.CreateNamespace, in.Timeout = releaseName, namespace, true, 5*time.Minute
-	node, err := c.client.CoreV1().Nodes().Get(context.Background(), c.node, metav1.GetOptions{})
+	node, err := c.Client.CoreV1().Nodes().Get(context.Background(), c.Node, metav1.GetOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -481,11 +484,11 @@ func (c *cluster) monitoringCRDs(t *testing.T) {
 					"schema": map[string]any{"openAPIV3Schema": map[string]any{"type": "object", "x-kubernetes-preserve-unknown-fields": true}}}},
 			},
 		}}
-		if _, err := c.dynamic.Resource(gvr).Create(context.Background(), crd, metav1.CreateOptions{}); err != nil {
+		if _, err := c.Dynamic.Resource(gvr).Create(context.Background(), crd, metav1.CreateOptions{}); err != nil {
 			t.Fatalf("CRD %s: %v", kind, err)
 		}
-		eventually(t, time.Minute, "CRD "+kind+" established", func() error {
-			u, err := c.dynamic.Resource(gvr).Get(context.Background(), plural+".monitoring.coreos.com", metav1.GetOptions{})
+		kube.Eventually(t, time.Minute, "CRD "+kind+" established", func() error {
+			u, err := c.Dynamic.Resource(gvr).Get(context.Background(), plural+".monitoring.coreos.com", metav1.GetOptions{})
 			if err != nil {
 				return err
 			}
@@ -502,7 +505,7 @@ func (c *cluster) monitoringCRDs(t *testing.T) {
 
 func (c *cluster) get(t *testing.T, group, resource, name string) *unstructured.Unstructured {
 	t.Helper()
-	u, err := c.dynamic.Resource(schema.GroupVersionResource{Group: group, Version: "v1", Resource: resource}).
+	u, err := c.Dynamic.Resource(schema.GroupVersionResource{Group: group, Version: "v1", Resource: resource}).
 		Namespace(namespace).Get(context.Background(), name, metav1.GetOptions{})
 	if err != nil {
 		t.Fatalf("%s %s: %v", resource, name, err)
@@ -515,8 +518,8 @@ func (c *cluster) get(t *testing.T, group, resource, name string) *unstructured.
 func (c *cluster) agentPod(t *testing.T, notUID types.UID) *corev1.Pod {
 	t.Helper()
 	var pod *corev1.Pod
-	eventually(t, 4*time.Minute, "the agent's pod is Ready", func() error {
-		pods, err := c.client.CoreV1().Pods(namespace).List(context.Background(), metav1.ListOptions{
+	kube.Eventually(t, 4*time.Minute, "the agent's pod is Ready", func() error {
+		pods, err := c.Client.CoreV1().Pods(namespace).List(context.Background(), metav1.ListOptions{
 			LabelSelector: "app.kubernetes.io/name=gpuwarden,app.kubernetes.io/component=agent"})
 		if err != nil {
 			return err
@@ -528,11 +531,11 @@ func (c *cluster) agentPod(t *testing.T, notUID types.UID) *corev1.Pod {
 			for _, cond := range p.Status.Conditions {
 				ready = ready || cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue
 			}
-			if p.UID != notUID && ready && p.DeletionTimestamp == nil && p.Spec.NodeName == c.node && len(pods.Items) == 1 {
+			if p.UID != notUID && ready && p.DeletionTimestamp == nil && p.Spec.NodeName == c.Node && len(pods.Items) == 1 {
 				pod = p
 				return nil
 			}
-			states = append(states, fmt.Sprintf("%s %s ready=%v (%s)", p.Name, p.Status.Phase, ready, describe(p)))
+			states = append(states, fmt.Sprintf("%s %s ready=%v (%s)", p.Name, p.Status.Phase, ready, kube.Describe(p)))
 		}
 		return fmt.Errorf("pods: %v", states)
 	})
@@ -542,8 +545,8 @@ func (c *cluster) agentPod(t *testing.T, notUID types.UID) *corev1.Pod {
 // nodeOffers waits for the node's capacity and allocatable to be want.
 func (c *cluster) nodeOffers(t *testing.T, want map[corev1.ResourceName]int64) {
 	t.Helper()
-	eventually(t, 2*time.Minute, "the node offers gpuwarden's resources", func() error {
-		n, err := c.client.CoreV1().Nodes().Get(context.Background(), c.node, metav1.GetOptions{})
+	kube.Eventually(t, 2*time.Minute, "the node offers gpuwarden's resources", func() error {
+		n, err := c.Client.CoreV1().Nodes().Get(context.Background(), c.Node, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -564,7 +567,7 @@ func (c *cluster) nodeOffers(t *testing.T, want map[corev1.ResourceName]int64) {
 func (c *cluster) tryAllocs(t *testing.T, pod string, n int) int {
 	t.Helper()
 	var tries int
-	eventually(t, 2*time.Minute, fmt.Sprintf("%s tries %d over-quota allocations", pod, n), func() error {
+	kube.Eventually(t, 2*time.Minute, fmt.Sprintf("%s tries %d over-quota allocations", pod, n), func() error {
 		out, err := c.logs(podNamespace, pod, "")
 		if err != nil {
 			return err
@@ -589,7 +592,7 @@ func (c *cluster) tryAllocs(t *testing.T, pod string, n int) int {
 // limitIs waits for pod's compute_limit_ratio to be want.
 func (c *cluster) limitIs(t *testing.T, agent, pod string, want float64) {
 	t.Helper()
-	eventually(t, 2*time.Minute, fmt.Sprintf("%s's compute limit is %.2f", pod, want), func() error {
+	kube.Eventually(t, 2*time.Minute, fmt.Sprintf("%s's compute limit is %.2f", pod, want), func() error {
 		v, err := podValue(agent, "gpuwarden_container_compute_limit_ratio", pod, nil)
 		if err != nil || math.Abs(v-want) > 0.005 {
 			return fmt.Errorf("compute_limit_ratio %v (%v)", v, err)

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -17,81 +16,21 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/dynamic"
-	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/gpuwarden/gpuwarden/deploy/k8stest/kube"
 )
 
-// cluster is what cluster.sh hands the test through its environment, and
-// the clients made from it.
-type cluster struct {
-	state      string // cluster.sh's state directory: every host path the test uses is under it
-	kubeconfig string
-	kubectl    string
-	containerd string
-	node       string
-	config     *rest.Config
-	client     *kubernetes.Clientset
-	dynamic    *dynamic.DynamicClient
-}
+// cluster is the cluster cluster.sh runs the test in.
+type cluster struct{ *kube.Cluster }
 
-// needCluster skips unless the test runs inside `cluster.sh run` (make
-// k8s-test, part of make test).
 func needCluster(t *testing.T) *cluster {
 	t.Helper()
-	c := &cluster{state: os.Getenv("GPUWARDEN_K8S_STATE"), kubeconfig: os.Getenv("KUBECONFIG"),
-		kubectl: os.Getenv("GPUWARDEN_K8S_KUBECTL"), containerd: os.Getenv("GPUWARDEN_K8S_CONTAINERD"),
-		node: os.Getenv("GPUWARDEN_K8S_NODE")}
-	if c.state == "" {
-		t.Skip("no cluster: run through `make k8s-test` (deploy/k8stest/cluster.sh run)")
-	}
-	var err error
-	if c.config, err = clientcmd.BuildConfigFromFlags("", c.kubeconfig); err != nil {
-		t.Fatalf("load kubeconfig: %v", err)
-	}
-	if c.client, err = kubernetes.NewForConfig(c.config); err != nil {
-		t.Fatal(err)
-	}
-	if c.dynamic, err = dynamic.NewForConfig(c.config); err != nil {
-		t.Fatal(err)
-	}
-	return c
-}
-
-// repo is the repository's root, where bin/ holds `make build`'s outputs.
-func repo(t *testing.T) string {
-	t.Helper()
-	p, err := filepath.Abs(filepath.Join("..", "..", ".."))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(filepath.Join(p, "bin", "gpuwarden")); err != nil {
-		t.Fatalf("run `make build` first: %v", err)
-	}
-	return p
-}
-
-// eventually retries f every second until it returns nil or the timeout
-// passes; timeouts are generous, the machines are shared.
-func eventually(t *testing.T, timeout time.Duration, what string, f func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := f()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %v: %v", what, timeout, err)
-		}
-		time.Sleep(time.Second)
-	}
+	return &cluster{kube.Need(t)}
 }
 
 // kubectlOut runs the cluster's kubectl.
 func (c *cluster) kubectlOut(args ...string) (string, error) {
-	out, err := exec.Command(c.kubectl, append([]string{"--kubeconfig", c.kubeconfig}, args...)...).CombinedOutput()
+	out, err := exec.Command(c.Kubectl, append([]string{"--kubeconfig", c.Kubeconfig}, args...)...).CombinedOutput()
 	if err != nil {
 		return string(out), fmt.Errorf("kubectl %s: %w: %s", strings.Join(args, " "), err, out)
 	}
@@ -148,7 +87,7 @@ func (c *cluster) workloadSpec(name string, res corev1.ResourceName, n int64, an
 
 func (c *cluster) createPod(t *testing.T, p *corev1.Pod) {
 	t.Helper()
-	if _, err := c.client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+	if _, err := c.Client.CoreV1().Pods(p.Namespace).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
 		t.Fatalf("create pod %s: %v", p.Name, err)
 	}
 }
@@ -157,8 +96,8 @@ func (c *cluster) createPod(t *testing.T, p *corev1.Pod) {
 func (c *cluster) running(t *testing.T, ns, name string) *corev1.Pod {
 	t.Helper()
 	var pod *corev1.Pod
-	eventually(t, 3*time.Minute, "pod "+ns+"/"+name+" runs", func() error {
-		p, err := c.client.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
+	kube.Eventually(t, 3*time.Minute, "pod "+ns+"/"+name+" runs", func() error {
+		p, err := c.Client.CoreV1().Pods(ns).Get(context.Background(), name, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
@@ -168,34 +107,16 @@ func (c *cluster) running(t *testing.T, ns, name string) *corev1.Pod {
 			return nil
 		case corev1.PodFailed, corev1.PodSucceeded:
 			logs, _ := c.logs(ns, name, "")
-			t.Fatalf("pod %s: phase %s (%s); logs:\n%s", name, p.Status.Phase, describe(p), logs)
+			t.Fatalf("pod %s: phase %s (%s); logs:\n%s", name, p.Status.Phase, kube.Describe(p), logs)
 		}
-		return fmt.Errorf("phase %s (%s)", p.Status.Phase, describe(p))
+		return fmt.Errorf("phase %s (%s)", p.Status.Phase, kube.Describe(p))
 	})
 	return pod
 }
 
 func (c *cluster) logs(ns, name, container string) (string, error) {
-	b, err := c.client.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{Container: container}).DoRaw(context.Background())
+	b, err := c.Client.CoreV1().Pods(ns).GetLogs(name, &corev1.PodLogOptions{Container: container}).DoRaw(context.Background())
 	return string(b), err
-}
-
-func describe(p *corev1.Pod) string {
-	var s []string
-	for _, c := range p.Status.Conditions {
-		if c.Status != corev1.ConditionTrue {
-			s = append(s, fmt.Sprintf("%s=%s %s: %s", c.Type, c.Status, c.Reason, c.Message))
-		}
-	}
-	for _, cs := range append(p.Status.InitContainerStatuses, p.Status.ContainerStatuses...) {
-		if w := cs.State.Waiting; w != nil {
-			s = append(s, fmt.Sprintf("container %s waiting %s: %s", cs.Name, w.Reason, w.Message))
-		}
-		if x := cs.State.Terminated; x != nil && x.ExitCode != 0 {
-			s = append(s, fmt.Sprintf("container %s terminated %s (exit %d): %s", cs.Name, x.Reason, x.ExitCode, x.Message))
-		}
-	}
-	return strings.Join(s, "; ")
 }
 
 // series is one Prometheus sample: its labels and value.

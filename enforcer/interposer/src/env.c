@@ -21,17 +21,22 @@ static int parse_u64(const char *s, const char *end, uint64_t *out) {
 
 /* parse_size parses one "<digits>[Ki|Mi|Gi|Ti]" in [s, end); bare is GiB. */
 static int parse_size(const char *s, const char *end, uint64_t *out) {
+    static const struct {
+        char suffix[3];
+        unsigned shift;
+    } units[] = {GW_SIZE_UNITS};
     const char *num_end = s;
     while (num_end < end && *num_end >= '0' && *num_end <= '9') num_end++;
-    uint64_t v, shift;
+    uint64_t v;
+    unsigned shift = GW_SIZE_BARE_SHIFT;
     if (parse_u64(s, num_end, &v)) return -1;
     size_t unit = (size_t)(end - num_end);
-    if (unit == 0) shift = 30;
-    else if (unit == 2 && num_end[1] == 'i' && num_end[0] == 'K') shift = 10;
-    else if (unit == 2 && num_end[1] == 'i' && num_end[0] == 'M') shift = 20;
-    else if (unit == 2 && num_end[1] == 'i' && num_end[0] == 'G') shift = 30;
-    else if (unit == 2 && num_end[1] == 'i' && num_end[0] == 'T') shift = 40;
-    else return -1;
+    if (unit) {
+        size_t i = 0;
+        while (i < sizeof units / sizeof units[0] && (unit != 2 || memcmp(num_end, units[i].suffix, 2))) i++;
+        if (i == sizeof units / sizeof units[0]) return -1;
+        shift = units[i].shift;
+    }
     if (v > (UINT64_MAX >> shift)) return -1;
     *out = v << shift;
     return 0;
@@ -69,10 +74,10 @@ int gw_parse_mem_list(const char *s, uint64_t out[GW_MAX_DEVICES]) { return pars
 
 int gw_parse_gib_list(const char *s, uint64_t out[GW_MAX_DEVICES]) { return parse_list(s, parse_gib, out); }
 
-/* parse_int parses a decimal integer in [lo, hi]. */
-static int parse_int(const char *s, uint64_t lo, uint64_t hi, uint32_t *out) {
+/* parse_int parses a decimal integer in [s, end) within [lo, hi]. */
+static int parse_int(const char *s, const char *end, uint64_t lo, uint64_t hi, uint32_t *out) {
     uint64_t v;
-    if (!s || parse_u64(s, s + strlen(s), &v) || v < lo || v > hi) return -1;
+    if (parse_u64(s, end, &v) || v < lo || v > hi) return -1;
     *out = (uint32_t)v;
     return 0;
 }
@@ -103,8 +108,9 @@ int gw_env_parse(gw_getenv_fn get, void *arg, struct gw_env *out, char *err, siz
     const char *dev = get("ALIYUN_COM_GPU_MEM_DEV", arg);
     uint64_t cont_mem[GW_MAX_DEVICES];
     uint32_t dev_gib = 0;
-    if (dev && parse_int(dev, 1, GW_MAX_GIB, &dev_gib))
-        FAIL("ALIYUN_COM_GPU_MEM_DEV=%s: want the device's memory in GiB, an integer from 1", show(dev, b, sizeof b));
+    if (dev && parse_int(dev, dev + strlen(dev), 1, GW_MAX_GIB, &dev_gib))
+        FAIL("ALIYUN_COM_GPU_MEM_DEV=%s: want the device's memory in GiB, an integer from 1 to %u", show(dev, b, sizeof b),
+             GW_MAX_GIB);
     if (cont && gw_parse_gib_list(cont, cont_mem))
         FAIL("ALIYUN_COM_GPU_MEM_CONTAINER=%s: want the container's memory in GiB per device, integers such as 3 "
              "or 3,1 (the last repeats, at most %d values, 0: no limit)",
@@ -126,32 +132,28 @@ int gw_env_parse(gw_getenv_fn get, void *arg, struct gw_env *out, char *err, siz
 
     v = get("GPUWARDEN_COMPUTE_WEIGHT", arg);
     const char *w2 = get("ALIYUN_COM_GPU_SCHD_WEIGHT", arg);
-    if (v && parse_int(v, 1, 1000, &out->weight))
-        FAIL("GPUWARDEN_COMPUTE_WEIGHT=%s: want an integer from 1 to 1000", show(v, b, sizeof b));
+    if (v && parse_int(v, v + strlen(v), 1, GW_MAX_WEIGHT, &out->weight))
+        FAIL("GPUWARDEN_COMPUTE_WEIGHT=%s: want an integer from 1 to %u", show(v, b, sizeof b), GW_MAX_WEIGHT);
     if (w2) {
         uint32_t w;
-        if (parse_int(w2, 1, 1000, &w))
-            FAIL("ALIYUN_COM_GPU_SCHD_WEIGHT=%s: want an integer from 1 to 1000", show(w2, b, sizeof b));
+        if (parse_int(w2, w2 + strlen(w2), 1, GW_MAX_WEIGHT, &w))
+            FAIL("ALIYUN_COM_GPU_SCHD_WEIGHT=%s: want an integer from 1 to %u", show(w2, b, sizeof b), GW_MAX_WEIGHT);
         if (!v) out->weight = w;
     }
 
     v = get("GPUWARDEN_COMPUTE_LIMIT", arg);
     if (v) {
         size_t n = strlen(v);
-        char num[16];
         if (n && v[n - 1] == '%') n--;
-        if (n == 0 || n >= sizeof num) FAIL("GPUWARDEN_COMPUTE_LIMIT=%s: want a percent from 1 to 100", show(v, b, sizeof b));
-        memcpy(num, v, n);
-        num[n] = 0;
-        if (parse_int(num, 1, 100, &out->compute_limit))
-            FAIL("GPUWARDEN_COMPUTE_LIMIT=%s: want a percent from 1 to 100", show(v, b, sizeof b));
+        if (parse_int(v, v + n, 1, GW_MAX_CAP_PERCENT, &out->compute_limit))
+            FAIL("GPUWARDEN_COMPUTE_LIMIT=%s: want a percent from 1 to %u", show(v, b, sizeof b), GW_MAX_CAP_PERCENT);
     }
 
     v = get("GPUWARDEN_PRIORITY", arg);
     if (v) {
-        if (!strcmp(v, "high")) out->priority = GW_PRIORITY_HIGH;
-        else if (!strcmp(v, "normal")) out->priority = GW_PRIORITY_NORMAL;
-        else FAIL("GPUWARDEN_PRIORITY=%s: want high or normal", show(v, b, sizeof b));
+        if (!strcmp(v, GW_PRIORITY_HIGH_NAME)) out->priority = GW_PRIORITY_HIGH;
+        else if (!strcmp(v, GW_PRIORITY_NORMAL_NAME)) out->priority = GW_PRIORITY_NORMAL;
+        else FAIL("GPUWARDEN_PRIORITY=%s: want " GW_PRIORITY_HIGH_NAME " or " GW_PRIORITY_NORMAL_NAME, show(v, b, sizeof b));
     }
 
     v = get("GPUWARDEN_CONTROL_DIR", arg);

@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "gpuwarden_abi.h"
+#include "vocab_gen.h" /* the limits, from Go's enforcer/vocab */
 
 #define GW_DEFAULT_CONTROL_DIR "/run/gpuwarden"
 #define GW_CONTROL_DIR_MAX 256
@@ -33,7 +34,6 @@ int gw_parse_mem_list(const char *s, uint64_t out[GW_MAX_DEVICES]);
 /* gw_parse_gib_list parses cGPU's ALIYUN_COM_GPU_MEM_CONTAINER: integers of
  * GiB per device, "3" (every device), "3,1" (3 on the first, 1 on the
  * others), "3,4,5,6"; the last value repeats for the remaining devices. */
-#define GW_MAX_GIB (1u << 20) /* the largest cGPU memory value, GiB */
 int gw_parse_gib_list(const char *s, uint64_t out[GW_MAX_DEVICES]);
 
 /* gw_container_key escapes a cgroup path into one directory name (see

@@ -52,11 +52,11 @@ func TestRunPassesExitStatus(t *testing.T) {
 	d := &Dialer{Addr: "127.0.0.1:1", Timeout: time.Second} // never dialled: the program opens no session
 	var out bytes.Buffer
 	code, err := Run(Program{Args: []string{"sh", "-c", `test -S "${GPUWARDEN_REMOTE#unix:}" && echo socket; exit 3`},
-		LibDir: "/x", Stdout: &out, Stderr: &out}, d, session.Request{Memory: "0.5"}, t.Logf)
+		LibDir: "/x", Stdout: &out, Stderr: &out}, d, session.Request{MemoryFraction: 0.5}, t.Logf)
 	if err != nil || code != 3 || !strings.Contains(out.String(), "socket") {
 		t.Fatalf("code %d err %v output %q", code, err, out.String())
 	}
-	code, err = Run(Program{Args: []string{"sh", "-c", "kill -TERM $$"}}, d, session.Request{Memory: "0.5"}, t.Logf)
+	code, err = Run(Program{Args: []string{"sh", "-c", "kill -TERM $$"}}, d, session.Request{MemoryFraction: 0.5}, t.Logf)
 	if err != nil || code != 128+15 {
 		t.Fatalf("killed program: code %d err %v", code, err)
 	}
@@ -76,7 +76,7 @@ import os, socket
 s = socket.socket(socket.AF_UNIX)
 s.connect(os.environ["GPUWARDEN_REMOTE"][5:])
 s.settimeout(5)
-print("eof" if s.recv(1) == b"" else "data")'`}, Stdout: &out}, d, session.Request{Memory: "0.5"},
+print("eof" if s.recv(1) == b"" else "data")'`}, Stdout: &out}, d, session.Request{MemoryFraction: 0.5},
 		func(f string, a ...any) { msgs = append(msgs, f) })
 	if err != nil || code != 0 || out.String() != "eof\n" {
 		t.Fatalf("code %d err %v output %q", code, err, out.String())

@@ -20,7 +20,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/client"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/link"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
@@ -57,7 +56,7 @@ func New(cfg Config) *Relay {
 
 // Socket is an allocation's relay socket on the node.
 func (r *Relay) Socket(dir string) string {
-	return filepath.Join(r.cfg.ControlDir, dir, allocation.RelayDir, allocation.RelaySocket)
+	return filepath.Join(r.cfg.ControlDir, dir, session.RelayDir, session.RelaySocket)
 }
 
 // Listen serves allocation dir's socket (made anew if it is not served
@@ -81,7 +80,7 @@ func (r *Relay) Listen(dir string) error {
 	if err := os.Remove(sock); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return fmt.Errorf("remove the old relay socket: %w", err)
 	}
-	lis, err := listenIn(filepath.Dir(sock), allocation.RelaySocket)
+	lis, err := listenIn(filepath.Dir(sock), session.RelaySocket)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", sock, err)
 	}
@@ -122,7 +121,7 @@ func (r *Relay) Restore() error {
 	}
 	var errs []error
 	for _, e := range ents {
-		if _, err := os.Stat(filepath.Join(r.cfg.ControlDir, e.Name(), allocation.RemoteGrantFile)); err == nil {
+		if _, err := os.Stat(filepath.Join(r.cfg.ControlDir, e.Name(), session.GrantFile)); err == nil {
 			errs = append(errs, r.Listen(e.Name()))
 		}
 	}
@@ -212,7 +211,7 @@ func (r *Relay) handle(dir string, c *net.UnixConn) {
 		return
 	}
 	log = log.With("pod", who.Namespace+"/"+who.Pod+"/"+who.Container)
-	g, err := allocation.ReadRemoteGrant(filepath.Join(r.cfg.ControlDir, dir, allocation.RemoteGrantFile))
+	g, err := session.ReadGrant(filepath.Join(r.cfg.ControlDir, dir, session.GrantFile))
 	if err != nil {
 		log.Warn("remote relay: no grant", "err", err)
 		return
@@ -223,7 +222,7 @@ func (r *Relay) handle(dir string, c *net.UnixConn) {
 		return
 	}
 	link.Buffered(c)
-	l, w, err := d.Open(context.Background(), session.Request{Memory: allocation.FormatBytes(g.MemoryBytes),
+	l, w, err := d.Open(context.Background(), session.Request{MemoryBytes: g.MemoryBytes,
 		Weight: int(g.Weight), GPU: g.GPU, For: &who})
 	if err != nil {
 		log.Warn("remote relay: session refused", "server", g.Server, "err", err)

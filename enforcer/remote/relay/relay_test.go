@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/client"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
@@ -53,7 +52,7 @@ func TestRelaySockets(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer os.Remove(short)
-	c, err := net.Dial("unix", filepath.Join(short, allocation.RelaySocket))
+	c, err := net.Dial("unix", filepath.Join(short, session.RelaySocket))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -69,7 +68,7 @@ func TestRelaySockets(t *testing.T) {
 	r.Close()
 
 	// A restarted relay serves what has a grant.
-	if err := os.WriteFile(filepath.Join(control, dir, allocation.RemoteGrantFile), []byte("{}"), 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(control, dir, session.GrantFile), []byte("{}"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	r = New(cfg)
@@ -77,7 +76,7 @@ func TestRelaySockets(t *testing.T) {
 	if err := r.Restore(); err != nil {
 		t.Fatal(err)
 	}
-	c, err = net.Dial("unix", filepath.Join(short, allocation.RelaySocket))
+	c, err = net.Dial("unix", filepath.Join(short, session.RelaySocket))
 	if err != nil {
 		t.Fatalf("restored socket: %v", err)
 	}

@@ -24,6 +24,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/link"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/pki"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
+	"github.com/gpuwarden/gpuwarden/enforcer/vocab"
 )
 
 // MaxSessions bounds the sessions (each a worker process) one server runs,
@@ -342,10 +343,7 @@ func (s *Server) session(l *link.Conn, id pki.Identity, req session.Request, log
 	}()
 
 	w := session.Welcome{Session: name, GPU: placed.Device.UUID, Name: placed.Device.Name,
-		MemoryBytes: placed.MemoryBytes, Weight: v.Weight, Priority: "normal"}
-	if v.High {
-		w.Priority = "high"
-	}
+		MemoryBytes: placed.MemoryBytes, Weight: v.Weight, Priority: vocab.PriorityName(v.High)}
 	log = log.With("session", name, "gpu", w.GPU)
 	proc, err := s.cfg.Worker.start(name, w, log)
 	if err != nil {

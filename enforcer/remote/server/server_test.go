@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/gpuwarden/gpuwarden/collector/cgroups"
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/admission"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/client"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/link"
@@ -39,7 +39,7 @@ func testServerWith(t *testing.T, creds, body string) (*Server, Worker, string) 
 func testServerRules(t *testing.T, creds, body string, rules admission.Rules, log *slog.Logger) (*Server, Worker, string) {
 	t.Helper()
 	simtest.RequirePrivileged(t, "cgroups")
-	mnt, err := cgroups.Mount("/proc/self/mountinfo")
+	mnt, err := hostcgroup.Mount("/proc/self/mountinfo")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -109,7 +109,7 @@ func TestSessionLifecycle(t *testing.T) {
 	if err != nil || len(l.GPUs) != 1 || l.GPUs[0].FreeBytes != 16<<30 || l.Node != "gpu-node" {
 		t.Fatalf("list: %+v %v", l, err)
 	}
-	conn, wel, err := d.Open(ctx, session.Request{Memory: "0.5", Weight: 2, Priority: "high"})
+	conn, wel, err := d.Open(ctx, session.Request{MemoryFraction: 0.5, Weight: 2, Priority: "high"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -146,7 +146,7 @@ func TestSessionLifecycle(t *testing.T) {
 	}
 
 	// Another session cannot take the memory granted to this one.
-	if _, _, err := d.Open(ctx, session.Request{Memory: "0.75"}); err == nil || !strings.Contains(err.Error(), "not enough free memory") {
+	if _, _, err := d.Open(ctx, session.Request{MemoryFraction: 0.75}); err == nil || !strings.Contains(err.Error(), "not enough free memory") {
 		t.Fatalf("second session: %v", err)
 	}
 	if l, _ := d.List(ctx); l.GPUs[0].FreeBytes != 8<<30 || l.GPUs[0].Sessions != 1 {
@@ -180,8 +180,8 @@ func TestSessionRefusals(t *testing.T) {
 		req  session.Request
 		want string
 	}{
-		{session.Request{Memory: "0.5", GPU: "GPU-nope"}, "no GPU GPU-nope"},
-		{session.Request{Memory: "64Gi"}, "not enough free memory"},
+		{session.Request{MemoryFraction: 0.5, GPU: "GPU-nope"}, "no GPU GPU-nope"},
+		{session.Request{MemoryBytes: 64 << 30}, "not enough free memory"},
 	} {
 		if _, _, err := d.Open(ctx, c.req); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("%+v: %v, want %q", c.req, err, c.want)
@@ -194,7 +194,7 @@ func TestSessionRefusals(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := fd.Open(ctx, session.Request{Memory: "0.5"}); err == nil {
+	if _, _, err := fd.Open(ctx, session.Request{MemoryFraction: 0.5}); err == nil {
 		t.Error("a client certificate of another CA got a session")
 	}
 	if _, err := fd.List(ctx); err == nil {
@@ -208,7 +208,7 @@ func TestStuckWorkerIsKilled(t *testing.T) {
 	creds := credentials(t, pki.Identity{Namespace: "a", Pod: "b", Container: "c"})
 	s, w, _ := testServerWith(t, creds, "trap '' TERM INT HUP; exec 3>&-; (sleep 600) & sleep 600")
 	d := dialer(t, s, creds)
-	conn, wel, err := d.Open(context.Background(), session.Request{Memory: "1Gi"})
+	conn, wel, err := d.Open(context.Background(), session.Request{MemoryBytes: 1 << 30})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -276,7 +276,7 @@ func TestNodeSessionLabelled(t *testing.T) {
 		t.Fatal(err)
 	}
 	pod := &session.Workload{Namespace: "team-b", Pod: "infer-1", Container: "srv"}
-	conn, wel, err := nd.Open(context.Background(), session.Request{Memory: "1Gi", For: pod})
+	conn, wel, err := nd.Open(context.Background(), session.Request{MemoryBytes: 1 << 30, For: pod})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,10 +284,10 @@ func TestNodeSessionLabelled(t *testing.T) {
 	if got, ok := s.Label(s.cfg.Worker.cgroupPath(wel.Session)); !ok || got != (pki.Identity{Namespace: "team-b", Pod: "infer-1", Container: "srv"}) {
 		t.Fatalf("session labelled %v %v", got, ok)
 	}
-	if _, _, err := nd.Open(context.Background(), session.Request{Memory: "1Gi"}); err == nil || !strings.Contains(err.Error(), "names") {
+	if _, _, err := nd.Open(context.Background(), session.Request{MemoryBytes: 1 << 30}); err == nil || !strings.Contains(err.Error(), "names") {
 		t.Fatalf("a node's session for no pod: %v", err)
 	}
-	if _, _, err := dialer(t, s, creds).Open(context.Background(), session.Request{Memory: "1Gi", For: pod}); err == nil ||
+	if _, _, err := dialer(t, s, creds).Open(context.Background(), session.Request{MemoryBytes: 1 << 30, For: pod}); err == nil ||
 		!strings.Contains(err.Error(), "cannot open a session for team-b/infer-1/srv") {
 		t.Fatalf("a workload asserting another pod: %v", err)
 	}
@@ -331,21 +331,21 @@ func TestAdmission(t *testing.T) {
 	}
 
 	for i := 0; i < 2; i++ {
-		if _, err := open(hogs, session.Request{Memory: "1Gi"}); err != nil {
+		if _, err := open(hogs, session.Request{MemoryBytes: 1 << 30}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if _, err := open(hogs, session.Request{Memory: "1Gi"}); err == nil || !strings.Contains(err.Error(), "evil/hog/main holds 2 sessions") {
+	if _, err := open(hogs, session.Request{MemoryBytes: 1 << 30}); err == nil || !strings.Contains(err.Error(), "evil/hog/main holds 2 sessions") {
 		t.Fatalf("a third session of evil/hog/main: %v, want refused", err)
 	}
 	asHog := &session.Workload{Namespace: hog.Namespace, Pod: hog.Pod, Container: hog.Container}
-	if _, err := open(node, session.Request{Memory: "1Gi", For: asHog}); err == nil || !strings.Contains(err.Error(), "holds 2 sessions") {
+	if _, err := open(node, session.Request{MemoryBytes: 1 << 30, For: asHog}); err == nil || !strings.Contains(err.Error(), "holds 2 sessions") {
 		t.Fatalf("a third session of evil/hog/main through its node: %v, want refused", err)
 	}
-	if _, err := open(other, session.Request{Memory: "1Gi"}); err != nil {
+	if _, err := open(other, session.Request{MemoryBytes: 1 << 30}); err != nil {
 		t.Fatalf("another client's session while evil/hog/main holds its most: %v", err)
 	}
-	if _, err := open(node, session.Request{Memory: "1Gi", For: &session.Workload{Namespace: "team-c", Pod: "p", Container: "c"}}); err != nil {
+	if _, err := open(node, session.Request{MemoryBytes: 1 << 30, For: &session.Workload{Namespace: "team-c", Pod: "p", Container: "c"}}); err != nil {
 		t.Fatalf("another pod's session through the same node: %v", err)
 	}
 	if l := logged.String(); !strings.Contains(l, "remote: session refused") || !strings.Contains(l, "holds 2 sessions") {
@@ -356,12 +356,12 @@ func TestAdmission(t *testing.T) {
 		d   *client.Dialer
 		pod *session.Workload
 	}{{other, nil}, {node, &session.Workload{Namespace: "team-c", Pod: "p", Container: "c"}}} {
-		if _, err := open(c.d, session.Request{Memory: "1Gi", Priority: "high", For: c.pod}); err == nil ||
+		if _, err := open(c.d, session.Request{MemoryBytes: 1 << 30, Priority: "high", For: c.pod}); err == nil ||
 			!strings.Contains(err.Error(), "priority high is not granted") {
 			t.Errorf("priority high for a client the rules do not name: %v, want refused", err)
 		}
 	}
-	w, err := open(node, session.Request{Memory: "1Gi", Priority: "high", For: &session.Workload{Namespace: "team-a", Pod: "p", Container: "c"}})
+	w, err := open(node, session.Request{MemoryBytes: 1 << 30, Priority: "high", For: &session.Workload{Namespace: "team-a", Pod: "p", Container: "c"}})
 	if err != nil || w.Priority != "high" {
 		t.Errorf("priority high for team-a/p/c, which the rules name: %+v %v", w, err)
 	}
@@ -369,7 +369,7 @@ func TestAdmission(t *testing.T) {
 	// A session of evil/hog/main ends: it may open another.
 	first.Close()
 	simtest.Eventually(t, 10*time.Second, func() error {
-		_, err := open(hogs, session.Request{Memory: "1Gi"})
+		_, err := open(hogs, session.Request{MemoryBytes: 1 << 30})
 		return err
 	})
 }
@@ -417,7 +417,7 @@ func TestAcceptSurvivesDescriptorExhaustion(t *testing.T) {
 	simtest.Eventually(t, 20*time.Second, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
 		defer cancel()
-		conn, _, err := d.Open(ctx, session.Request{Memory: "0.25"})
+		conn, _, err := d.Open(ctx, session.Request{MemoryFraction: 0.25})
 		if err != nil {
 			return err
 		}

@@ -15,10 +15,10 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/link"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
+	"github.com/gpuwarden/gpuwarden/enforcer/vocab"
 )
 
 // Worker is how sessions' worker processes are started.
@@ -87,7 +87,7 @@ func (w Worker) removeStale() error {
 // granted slice.
 func (w Worker) env(g session.Welcome) ([]string, error) {
 	set := map[string]string{
-		"GPUWARDEN_MEMORY_LIMIT":   allocation.FormatBytes(g.MemoryBytes),
+		"GPUWARDEN_MEMORY_LIMIT":   vocab.FormatSize(g.MemoryBytes),
 		"GPUWARDEN_COMPUTE_WEIGHT": fmt.Sprint(g.Weight),
 		"GPUWARDEN_PRIORITY":       g.Priority,
 		"GPUWARDEN_CONTROL_DIR":    w.ControlDir,

@@ -10,11 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
-	"strconv"
-	"strings"
 
-	"github.com/gpuwarden/gpuwarden/enforcer/policy"
+	"github.com/gpuwarden/gpuwarden/enforcer/vocab"
 )
 
 // MaxMessage bounds a handshake message.
@@ -23,12 +20,14 @@ const MaxMessage = 64 << 10
 // Request is what a client asks for. Its identity is not in it: the server
 // takes that from the client's certificate.
 type Request struct {
-	// Memory is a fraction of the GPU's memory ("0.5", "1.0") or a size
-	// ("8Gi", "512Mi"; a bare integer is GiB, as GPUWARDEN_MEMORY_LIMIT reads).
-	Memory   string `json:"memory"`
-	Weight   int    `json:"weight,omitempty"`   // 1-1000; 0: 1
-	Priority string `json:"priority,omitempty"` // high or normal; "": normal
-	GPU      string `json:"gpu,omitempty"`      // a GPU's UUID; "": the server picks
+	// The memory asked for: a fraction of the GPU's memory, or bytes;
+	// exactly one is set (vocab.ParseMemoryRequest reads what a user
+	// writes, "0.5" or "8Gi").
+	MemoryFraction float64 `json:"memoryFraction,omitempty"`
+	MemoryBytes    uint64  `json:"memoryBytes,omitempty"`
+	Weight         int     `json:"weight,omitempty"`   // 1-vocab.MaxWeight; 0: 1
+	Priority       string  `json:"priority,omitempty"` // high or normal; "": normal
+	GPU            string  `json:"gpu,omitempty"`      // a GPU's UUID; "": the server picks
 	// For is the pod a node's relay opens the session for. The server
 	// believes it only from a node's certificate; a workload's
 	// certificate names itself, and may only repeat that name here.
@@ -102,74 +101,33 @@ type Valid struct {
 // Check validates a request.
 func (r Request) Check() (Valid, error) {
 	var v Valid
-	var err error
-	if v.Fraction, v.Bytes, err = ParseMemory(r.Memory); err != nil {
-		return v, err
+	switch {
+	case r.MemoryFraction != 0 && r.MemoryBytes != 0:
+		return v, errors.New("memory: a fraction of the GPU or bytes, not both")
+	case r.MemoryFraction != 0:
+		if err := vocab.CheckFraction(r.MemoryFraction); err != nil {
+			return v, err
+		}
+	case r.MemoryBytes == 0:
+		return v, errors.New("memory: none asked for (a session always has a quota)")
 	}
+	v.Fraction, v.Bytes = r.MemoryFraction, r.MemoryBytes
 	v.Weight = r.Weight
 	if v.Weight == 0 {
 		v.Weight = 1
 	}
-	if v.Weight < 1 || v.Weight > policy.MaxWeight {
-		return v, fmt.Errorf("weight %d: want 1-%d", r.Weight, policy.MaxWeight)
+	if err := vocab.CheckWeight(v.Weight); err != nil {
+		return v, err
 	}
-	switch r.Priority {
-	case "", "normal":
-	case "high":
-		v.High = true
-	default:
-		return v, fmt.Errorf("priority %q: want high or normal", r.Priority)
+	if r.Priority != "" {
+		var err error
+		if v.High, err = vocab.ParsePriority(r.Priority); err != nil {
+			return v, err
+		}
 	}
 	if len(r.GPU) > 128 {
 		return v, errors.New("gpu: a UUID is not that long")
 	}
 	v.GPU = r.GPU
 	return v, nil
-}
-
-// ParseMemory reads a memory request: a fraction of the GPU with a decimal
-// point ("0.5", "1.0", in (0, 1]) or a size ("8Gi", "512Mi", "2048Ki", "1Ti";
-// a bare integer is GiB). Zero, which elsewhere means no limit, is refused:
-// a remote session always has a quota.
-func ParseMemory(s string) (fraction float64, bytes uint64, err error) {
-	bad := func(why string) (float64, uint64, error) {
-		return 0, 0, fmt.Errorf("memory %q: %s (want a fraction of the GPU such as 0.5, or a size such as 8Gi)", s, why)
-	}
-	if s == "" {
-		return bad("empty")
-	}
-	if len(s) > 32 {
-		return bad("too long")
-	}
-	if strings.Contains(s, ".") {
-		f, err := strconv.ParseFloat(s, 64)
-		if err != nil || math.IsNaN(f) || strings.ContainsAny(s, "eEpPxX_+-") {
-			return bad("not a number")
-		}
-		if f <= 0 || f > 1 {
-			return bad("a fraction is above 0 and at most 1")
-		}
-		return f, 0, nil
-	}
-	num, unit := s, uint64(1<<30)
-	for _, u := range []struct {
-		suffix string
-		mult   uint64
-	}{{"Ki", 1 << 10}, {"Mi", 1 << 20}, {"Gi", 1 << 30}, {"Ti", 1 << 40}} {
-		if strings.HasSuffix(s, u.suffix) {
-			num, unit = strings.TrimSuffix(s, u.suffix), u.mult
-			break
-		}
-	}
-	if num == "" || strings.Trim(num, "0123456789") != "" {
-		return bad("not a size")
-	}
-	n, err := strconv.ParseUint(num, 10, 64)
-	if err != nil || n > math.MaxUint64/unit {
-		return bad("too large")
-	}
-	if n == 0 {
-		return bad("zero")
-	}
-	return 0, n * unit, nil
 }

@@ -6,56 +6,20 @@ import (
 	"testing"
 )
 
-func TestParseMemory(t *testing.T) {
-	for _, c := range []struct {
-		in    string
-		frac  float64
-		bytes uint64
-		err   string
-	}{
-		{in: "0.5", frac: 0.5},
-		{in: "1.0", frac: 1},
-		{in: ".25", frac: 0.25},
-		{in: "8Gi", bytes: 8 << 30},
-		{in: "512Mi", bytes: 512 << 20},
-		{in: "2", bytes: 2 << 30},
-		{in: "1Ti", bytes: 1 << 40},
-		{in: "", err: "empty"},
-		{in: "0", err: "zero"},
-		{in: "0.0", err: "above 0"},
-		{in: "1.5", err: "at most 1"},
-		{in: "-0.5", err: "not a number"},
-		{in: "1e-1", err: "not a size"},
-		{in: "NaN.", err: "not a number"},
-		{in: "8GB", err: "not a size"},
-		{in: "Gi", err: "not a size"},
-		{in: "99999999999999999999Gi", err: "too large"},
-		{in: "17179869184Gi", err: "too large"},
-	} {
-		f, b, err := ParseMemory(c.in)
-		if c.err != "" {
-			if err == nil || !strings.Contains(err.Error(), c.err) {
-				t.Errorf("%q: err %v, want %q", c.in, err, c.err)
-			}
-			continue
-		}
-		if err != nil || f != c.frac || b != c.bytes {
-			t.Errorf("%q: %v %d %v, want %v %d", c.in, f, b, err, c.frac, c.bytes)
-		}
-	}
-}
-
 func TestRequestCheck(t *testing.T) {
 	for _, c := range []struct {
 		r   Request
 		err string
 	}{
-		{r: Request{Memory: "0.5"}},
-		{r: Request{Memory: "8Gi", Weight: 2, Priority: "high", GPU: "GPU-x"}},
-		{r: Request{Memory: "0.5", Weight: 1001}, err: "weight"},
-		{r: Request{Memory: "0.5", Weight: -1}, err: "weight"},
-		{r: Request{Memory: "0.5", Priority: "urgent"}, err: "priority"},
+		{r: Request{MemoryFraction: 0.5}},
+		{r: Request{MemoryBytes: 8 << 30, Weight: 2, Priority: "high", GPU: "GPU-x"}},
+		{r: Request{MemoryFraction: 0.5, Weight: 1001}, err: "weight"},
+		{r: Request{MemoryFraction: 0.5, Weight: -1}, err: "weight"},
+		{r: Request{MemoryFraction: 0.5, Priority: "urgent"}, err: "priority"},
 		{r: Request{}, err: "memory"},
+		{r: Request{MemoryFraction: 1.5}, err: "memory fraction"},
+		{r: Request{MemoryFraction: -0.5}, err: "memory fraction"},
+		{r: Request{MemoryFraction: 0.5, MemoryBytes: 1 << 30}, err: "not both"},
 	} {
 		v, err := c.r.Check()
 		if c.err != "" {
@@ -85,12 +49,12 @@ func TestPlace(t *testing.T) {
 		bytes   uint64
 		errPart string
 	}{
-		{req: Request{Memory: "0.5"}, gpu: "GPU-b", bytes: 8 * gi},
-		{req: Request{Memory: "6Gi", GPU: "GPU-a"}, gpu: "GPU-a", bytes: 6 * gi},
-		{req: Request{Memory: "7Gi", GPU: "GPU-a"}, errPart: "free"},
-		{req: Request{Memory: "0.5", GPU: "GPU-z"}, errPart: "no GPU GPU-z"},
-		{req: Request{Memory: "13Gi"}, errPart: "not enough free memory"},
-		{req: Request{Memory: "1.0"}, errPart: "not enough free memory"},
+		{req: Request{MemoryFraction: 0.5}, gpu: "GPU-b", bytes: 8 * gi},
+		{req: Request{MemoryBytes: 6 * gi, GPU: "GPU-a"}, gpu: "GPU-a", bytes: 6 * gi},
+		{req: Request{MemoryBytes: 7 * gi, GPU: "GPU-a"}, errPart: "free"},
+		{req: Request{MemoryFraction: 0.5, GPU: "GPU-z"}, errPart: "no GPU GPU-z"},
+		{req: Request{MemoryBytes: 13 * gi}, errPart: "not enough free memory"},
+		{req: Request{MemoryFraction: 1}, errPart: "not enough free memory"},
 	} {
 		v, err := c.req.Check()
 		if err != nil {

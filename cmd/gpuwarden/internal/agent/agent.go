@@ -27,8 +27,10 @@ import (
 	"github.com/gpuwarden/gpuwarden/deploy/deviceplugin"
 	"github.com/gpuwarden/gpuwarden/enforcer/connlimit"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/enforcer/membership"
 	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
+	"github.com/gpuwarden/gpuwarden/enforcer/onbreach"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/relay"
 	"github.com/gpuwarden/gpuwarden/enforcer/settings"
 )
@@ -43,8 +45,8 @@ type Agent struct {
 	nsRoot   string            // host path of the agent's cgroup namespace root
 	resolver *cgroups.Resolver // nil when no cgroup v2 tree was found
 	enf      atomic.Pointer[membership.Enforcement]
-	breaches *breaches       // nil unless enforcing
-	settings *settings.Store // what ctl changed; nil unless enforcing
+	breaches *onbreach.Responder // nil unless enforcing
+	settings *settings.Store     // what ctl changed; nil unless enforcing
 	nvml     *nvmldev.Reader
 	plugin   *deviceplugin.Plugin  // nil unless the device plugin runs
 	pods     *kubelet.PodResources // nil off Kubernetes
@@ -78,9 +80,9 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 	}
 	src := collector.Sources{ControlDir: cfg.ControlDir, Cgroups: resolver, Claims: verifier, ProcRoot: cfg.Paths.Proc, CgroupNSRoot: a.nsRoot,
 		NVMLContextBytes: uint64(cfg.NVML.ContextMemory) << 20,
-		Scheduling: func() map[collector.GPUKey]collector.Scheduled {
+		Scheduling: func() map[membership.GPUKey]membership.Scheduled {
 			if e := a.enf.Load(); e != nil {
-				return scheduledByCgroupGPU(e.Scheduling())
+				return e.Scheduling()
 			}
 			return nil
 		}}
@@ -119,6 +121,8 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 		a.startSweeping(resolver)
 	}
 
+	// HTTP last: once /healthz answers, every part has started (agentapi's
+	// readiness).
 	if cfg.HTTP.Enabled {
 		if err := a.startHTTP(); err != nil {
 			a.Close()
@@ -147,7 +151,7 @@ func (a *Agent) startCgroups() (*cgroups.Resolver, string) {
 	if dir == "" {
 		dir = "/"
 	}
-	root, err := cgroups.MountUnder(filepath.Join(a.cfg.Paths.Proc, "self", "mountinfo"), dir)
+	root, err := hostcgroup.MountUnder(filepath.Join(a.cfg.Paths.Proc, "self", "mountinfo"), dir)
 	a.parts.set("cgroups", true, err)
 	if err != nil {
 		a.log.Error("cgroup v2 not found: containers will not be resolved or enforced", "err", err)
@@ -297,14 +301,4 @@ func (a *Agent) Close() error {
 	a.wg.Wait()
 	a.log.Info("agent stopped")
 	return errors.Join(errs...)
-}
-
-// scheduledByCgroupGPU keys what the enforcer holds containers to as the
-// collector does.
-func scheduledByCgroupGPU(m map[membership.GPUKey]membership.Scheduled) map[collector.GPUKey]collector.Scheduled {
-	out := make(map[collector.GPUKey]collector.Scheduled, len(m))
-	for k, v := range m {
-		out[collector.GPUKey{Cgroup: k.Cgroup, UUID: k.UUID}] = collector.Scheduled(v)
-	}
-	return out
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/enforcer/membership"
 	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
+	"github.com/gpuwarden/gpuwarden/enforcer/onbreach"
 	"github.com/gpuwarden/gpuwarden/enforcer/settings"
 )
 
@@ -34,7 +35,7 @@ func (a *Agent) startEnforcement(resolver *cgroups.Resolver, verifier *claims.Ve
 		},
 		CgroupOf: func(pid int) (string, error) {
 			path, err := hostcgroup.Of(a.cfg.Paths.Proc, pid)
-			return cgroups.HostPath(a.nsRoot, path), err
+			return hostcgroup.HostPath(a.nsRoot, path), err
 		},
 		PodContainer: func(name string) (uint64, bool) {
 			for _, c := range a.coll.View(context.Background()).Containers {
@@ -55,7 +56,8 @@ func (a *Agent) startEnforcement(resolver *cgroups.Resolver, verifier *claims.Ve
 	}
 	e := membership.Start(cfg)
 	a.settings = store
-	a.breaches = newBreaches(a, cgroupFS)
+	a.breaches = onbreach.New(onbreach.Config{Action: a.cfg.BreachAction(), Scope: a.cfg.Enforcement.BreachScope,
+		CgroupFS: cgroupFS, ProcRoot: a.cfg.Paths.Proc, NSRoot: a.nsRoot, Log: a.log})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go a.watchContainers(ctx, done, e, pods)
@@ -87,7 +89,7 @@ func (a *Agent) watchContainers(ctx context.Context, done chan<- struct{}, e *me
 				}
 			}
 		}
-		a.breaches.check(v)
+		a.breaches.Check(v.Containers)
 		select {
 		case <-ctx.Done():
 			return

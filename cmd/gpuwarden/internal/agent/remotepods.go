@@ -9,6 +9,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 	"github.com/gpuwarden/gpuwarden/deploy/deviceplugin"
 	"github.com/gpuwarden/gpuwarden/deploy/remotepool"
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/pki"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/relay"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
@@ -65,7 +66,7 @@ func (a *Agent) identifyRemotePod(pods *podAnnotations) func(context.Context, st
 				return session.Workload{}, fmt.Errorf("pod %s/%s: its uid is unknown (no API server), so its cgroup cannot be checked",
 					x.Namespace, x.Pod)
 			}
-			if got := cgroups.ParsePath(cgroups.HostPath(a.nsRoot, cgroupPath)).PodUID; got != uid {
+			if got := cgroups.ParsePath(hostcgroup.HostPath(a.nsRoot, cgroupPath)).PodUID; got != uid {
 				return session.Workload{}, fmt.Errorf("the process's cgroup %s is not pod %s/%s's (uid %s)", cgroupPath, x.Namespace, x.Pod, uid)
 			}
 			return session.Workload{Namespace: x.Namespace, Pod: x.Pod, Container: x.Container}, nil

@@ -19,9 +19,11 @@ import (
 	"github.com/spf13/viper"
 
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
+	"github.com/gpuwarden/gpuwarden/enforcer/onbreach"
 	"github.com/gpuwarden/gpuwarden/enforcer/policy"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/admission"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/client"
+	"github.com/gpuwarden/gpuwarden/enforcer/vocab"
 )
 
 // Config is the agent's whole configuration.
@@ -338,7 +340,7 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("enforcement.gracePeriod %v: want 1s-1h (a dead agent must not stop the workloads for long)", g))
 	}
 	switch c.Enforcement.OnBreach {
-	case BreachReport, BreachFreeze, BreachKill:
+	case onbreach.Report, onbreach.Freeze, onbreach.Kill:
 	default:
 		errs = append(errs, fmt.Errorf("enforcement.onBreach %q: want report, freeze or kill", c.Enforcement.OnBreach))
 	}
@@ -347,7 +349,7 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("enforcement.breachScope %q: want a clean absolute cgroup path, say /kubepods.slice", p))
 		}
 	}
-	if b := c.Enforcement.OnBypass; b != "" && b != BreachReport && b != BreachFreeze {
+	if b := c.Enforcement.OnBypass; b != "" && b != onbreach.Report && b != onbreach.Freeze {
 		errs = append(errs, fmt.Errorf("enforcement.onBypass %q: want report or freeze", b))
 	}
 	if m := c.NVML.ContextMemory; m < 0 || m > 65536 {
@@ -357,8 +359,9 @@ func (c Config) Validate() error {
 		errs = append(errs, errors.New("paths.proc is empty"))
 	}
 	dp := c.DevicePlugin
-	if policy.CheckMaxInst(dp.MaxInst) != nil {
-		errs = append(errs, fmt.Errorf("devicePlugin.maxInst %d: want 1-%d", dp.MaxInst, policy.MaxMaxInst))
+	var bad *vocab.Error
+	if err := vocab.CheckMaxInst(dp.MaxInst); errors.As(err, &bad) {
+		errs = append(errs, fmt.Errorf("devicePlugin.maxInst %d: want %s", dp.MaxInst, bad.Want))
 	}
 	for _, p := range []struct{ key, v string }{{"devicePlugin.kubeletDir", dp.KubeletDir},
 		{"devicePlugin.interposerPath", dp.InterposerPath}, {"devicePlugin.deviceRoot", dp.DeviceRoot}} {
@@ -389,31 +392,10 @@ func (c Config) Validate() error {
 	return nil
 }
 
-// What the agent does with a container in breach (enforcement.onBreach).
-const (
-	BreachReport = "report"
-	BreachFreeze = "freeze"
-	BreachKill   = "kill"
-)
-
-// InBreachScope says whether onBreach may stop the container of cgroup
-// path (enforcement.breachScope).
-func (c Config) InBreachScope(cgroup string) bool {
-	if len(c.Enforcement.BreachScope) == 0 {
-		return true
-	}
-	for _, p := range c.Enforcement.BreachScope {
-		if p == "/" || cgroup == p || strings.HasPrefix(cgroup, p+"/") {
-			return true
-		}
-	}
-	return false
-}
-
-// BreachAction is enforcement.onBreach, or the deprecated onBypass where
-// onBreach is left at report.
+// BreachAction is enforcement.onBreach (onbreach.Report, Freeze or Kill),
+// or the deprecated onBypass where onBreach is left at report.
 func (c Config) BreachAction() string {
-	if c.Enforcement.OnBreach == BreachReport && c.Enforcement.OnBypass != "" {
+	if c.Enforcement.OnBreach == onbreach.Report && c.Enforcement.OnBypass != "" {
 		return c.Enforcement.OnBypass
 	}
 	return c.Enforcement.OnBreach

@@ -186,24 +186,6 @@ func TestBreachAction(t *testing.T) {
 	}
 }
 
-// TestInBreachScope: a cgroup is in scope when it is a scope's path or
-// below it, never a sibling that shares its prefix; no scope is everything.
-func TestInBreachScope(t *testing.T) {
-	var c Config
-	if !c.InBreachScope("/system.slice/dcgm.service") {
-		t.Error("without a scope, a cgroup is out of it")
-	}
-	c.Enforcement.BreachScope = []string{"/kubepods.slice", "/kubepods"}
-	for path, want := range map[string]bool{
-		"/kubepods.slice": true, "/kubepods.slice/kubepods-burstable.slice/pod1/ctr": true, "/kubepods/besteffort/pod2/ctr": true,
-		"/kubepods.slicex/x": false, "/kubepodsx": false, "/system.slice/dcgm.service": false, "/": false, "": false,
-	} {
-		if got := c.InBreachScope(path); got != want {
-			t.Errorf("InBreachScope(%q) = %v, want %v", path, got, want)
-		}
-	}
-}
-
 // TestRemoteAdmissionKeys: by default a client holds at most 16 sessions
 // and nobody runs at high priority; both are set from the file or the
 // environment.

@@ -1,9 +1,12 @@
-package cgroups
+package hostcgroup_test
 
 import (
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 )
 
 func TestMountUnder(t *testing.T) {
@@ -25,7 +28,7 @@ func TestMountUnder(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := MountUnder(filepath.Join("testdata", tt.file), tt.dir)
+			got, err := hostcgroup.MountUnder(filepath.Join("testdata", tt.file), tt.dir)
 			if tt.err != "" {
 				if err == nil || !strings.Contains(err.Error(), tt.err) {
 					t.Fatalf("MountUnder(%s, %q) = %q, %v; want an error with %q", tt.file, tt.dir, got, err, tt.err)
@@ -36,5 +39,18 @@ func TestMountUnder(t *testing.T) {
 				t.Errorf("MountUnder(%s, %q) = %q, %v; want %q", tt.file, tt.dir, got, err, tt.want)
 			}
 		})
+	}
+}
+
+func TestMountErrors(t *testing.T) {
+	f := t.TempDir() + "/mountinfo"
+	if err := os.WriteFile(f, []byte("22 1 0:21 / /proc rw - proc proc rw\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hostcgroup.Mount(f); err == nil {
+		t.Error("a mountinfo without cgroup2 gave no error")
+	}
+	if _, err := hostcgroup.Mount(f + ".missing"); err == nil {
+		t.Error("a missing mountinfo gave no error")
 	}
 }
