@@ -70,6 +70,7 @@ func (c *Collector) join(in *inputs) *View {
 		j.labels = in.labels
 	}
 	ledgers, rejected := j.verifyLedgers(in)
+	c.keepSlots(ledgers)
 	j.addNVML(in.devs) // first: where NVML lists a container tells eBPF's ordinals apart
 	if c.src.EBPF != nil && j.source("ebpf", in.ebpfErr) {
 		j.addEBPF(in.ebpf, ledgers)

@@ -87,8 +87,9 @@ type Collector struct {
 	dirs     *controlblock.Dirs // the container directories under src.ControlDir
 	judge    judge
 	refused  refusedLedgers
-	procIDs  map[int]gpuProc           // GPU processes identified, by host pid
-	labels   atomic.Pointer[LabelFunc] // the last view's, for Assigned
+	procIDs  map[int]gpuProc             // GPU processes identified, by host pid
+	labels   atomic.Pointer[LabelFunc]   // the last view's, for Assigned
+	slots    atomic.Pointer[ledgerSlots] // the last view's, for InLedger
 }
 
 // New makes a collector for a node.

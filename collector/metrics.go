@@ -35,7 +35,7 @@ var (
 	descAllocFailures = containerDesc("gpu_memory_alloc_failures_total",
 		"Allocations refused: reason=quota by the interposer (over the container's quota), reason=device by the driver.", "reason")
 	descLaunches = containerDesc("kernel_launches_total",
-		"Kernel launches: exact from the interposer's ledger; estimated from sampled eBPF probes for containers without it.")
+		"Kernel launches: exact from the interposer's ledger; counted by eBPF probes for containers without it (sampled before Linux 6.6).")
 	descThrottled = containerDesc("throttled_seconds_total",
 		"Time the container's launches waited for the enforcer's launch budget.")
 	descDeviceMismatches = containerDesc("device_mismatches_total",

@@ -5,14 +5,17 @@
  * library file), a raw tracepoint on sched_process_exit/exec (no tracefs),
  * BPF ring buffers (5.8), bpf_for_each_map_elem (5.13); the raw tracepoint
  * mmap_lock_released (6.12, CONFIG_TRACING), where the kernel has it, tells
- * the libcuda scan which processes changed their mappings. No CO-RE: the only
+ * the libcuda scan which processes changed their mappings; uprobe-multi links
+ * with a pid filter (6.6) count the launches of processes without a ledger
+ * (elsewhere they are sampled like the others'). No CO-RE: the only
  * kernel struct read is struct pt_regs, from the UAPI <asm/ptrace.h>, so the
  * object needs no BTF from the running kernel. x86-64 only (register names).
  *
  * What it keeps (see bpf/README.md for how exact each figure is):
  *  - usage:    per (cgroup, device) bytes allocated, allocs, frees, failures, contexts
  *  - allocs:   pointer or handle of a process -> size, owner cgroup, device
- *  - launches: per (cgroup, device) launches while the launch probes are attached
+ *  - launches: per (cgroup, device) launches while the sampling launch probes are attached
+ *  - launches_exact: per (cgroup, device) launches of the processes no ledger counts
  *  - events:   failed allocations, through a ring buffer
  */
 #include <linux/bpf.h>
@@ -42,6 +45,24 @@ struct {
     __type(value, struct launch_val);
     PINNED;
 } launches SEC(".maps");
+
+/* Launches of the processes Go attaches launch_exact to (one uprobe-multi
+ * link per process, filtered by pid, so no other process takes a trap), and
+ * those processes (by tgid): the sampling program leaves their launches to
+ * it. Not pinned: a new agent attaches anew and counts from its start. */
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 16384);
+    __type(key, struct usage_key);
+    __type(value, struct launch_val);
+} launches_exact SEC(".maps");
+
+struct {
+    __uint(type, BPF_MAP_TYPE_HASH);
+    __uint(max_entries, 65536);
+    __type(key, __u32);
+    __type(value, __u8);
+} exact_procs SEC(".maps");
 
 struct {
     __uint(type, BPF_MAP_TYPE_HASH);
@@ -635,22 +656,35 @@ int BPF_KRETPROBE(ctx_gone_ret) {
     return 0;
 }
 
-/* ---- kernel launches: attached only for a window each period (Go decides) ---- */
+/* ---- kernel launches: counted exactly for processes no ledger counts,
+ * sampled in short windows for the others (Go decides which and when) ---- */
 
-SEC("uprobe")
-int BPF_KPROBE(launch) {
+static __always_inline void count_launch(void *map) {
     __u64 id = bpf_get_current_pid_tgid();
     stat_add(GW_STAT_EVENTS, 1);
     __u64 cuctx;
     struct usage_key k = {.cgroup = bpf_get_current_cgroup_id(), .device = current_device(id >> 32, (__u32)id, &cuctx)};
-    struct launch_val *v = bpf_map_lookup_elem(&launches, &k);
+    struct launch_val *v = bpf_map_lookup_elem(map, &k);
     if (!v) {
         struct launch_val zero = {};
-        bpf_map_update_elem(&launches, &k, &zero, BPF_NOEXIST);
-        v = bpf_map_lookup_elem(&launches, &k);
-        if (!v) return 0;
+        bpf_map_update_elem(map, &k, &zero, BPF_NOEXIST);
+        v = bpf_map_lookup_elem(map, &k);
+        if (!v) return;
     }
     __sync_fetch_and_add(&v->count, 1);
+}
+
+SEC("uprobe")
+int BPF_KPROBE(launch) {
+    __u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (bpf_map_lookup_elem(&exact_procs, &tgid)) return 0; /* counted by launch_exact */
+    count_launch(&launches);
+    return 0;
+}
+
+SEC("uprobe.multi")
+int BPF_KPROBE(launch_exact) {
+    count_launch(&launches_exact);
     return 0;
 }
 

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -137,6 +138,7 @@ type Scanner struct {
 	procs    map[int]*procMaps
 	passes   int
 	changes  Changes
+	gens     uint64 // processes read so far: each new one's generation
 }
 
 // Changes names the processes (by pid under the scanner's procRoot) that may
@@ -155,6 +157,7 @@ type procMaps struct {
 	size  uint64          // its virtual size then, in pages
 	found []Mapping       // its libcuda files
 	files map[string]bool // its other executable files, and whether each is a driver
+	gen   uint64          // tells it from a later process with its pid
 }
 
 // recheckEvery: every so many scans (30 s at the default interval) each
@@ -277,6 +280,29 @@ func (s *Scanner) found() map[FileID]Mapping {
 	return found
 }
 
+// User is a process that maps libcuda files.
+type User struct {
+	Gen   uint64 // differs for a later process with the same pid
+	Files []FileID
+}
+
+// Users is every process known to map a libcuda file at the last Scan, by
+// pid as procRoot numbers them.
+func (s *Scanner) Users() map[int]User {
+	out := map[int]User{}
+	for pid, p := range s.procs {
+		for _, mp := range p.found {
+			u := out[pid]
+			u.Gen = p.gen
+			if !slices.Contains(u.Files, mp.File) {
+				u.Files = append(u.Files, mp.File)
+			}
+			out[pid] = u
+		}
+	}
+	return out
+}
+
 // readNames lists a directory unsorted (os.ReadDir sorts, and makes an
 // entry of each name).
 func readNames(dir string) ([]string, error) {
@@ -316,7 +342,8 @@ func (s *Scanner) process(pid int, recheck bool, known map[string]bool) *procMap
 		return nil
 	}
 	if p == nil {
-		p = &procMaps{size: ^uint64(0)} // no statm yet: read again next time
+		s.gens++
+		p = &procMaps{size: ^uint64(0), gen: s.gens} // no statm yet: read again next time
 		if f, err := os.Open(filepath.Join(dir, "statm")); err == nil {
 			p.statm = f
 			if v, ok := readSize(f); ok {

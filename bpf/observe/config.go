@@ -26,11 +26,22 @@ type Config struct {
 	// ScanInterval is how often /proc/*/maps is scanned for other libcuda
 	// files; 0 turns scanning off.
 	ScanInterval time.Duration
-	// LaunchWindow is how long the launch probes stay attached each
-	// LaunchPeriod. A window of 0 never attaches them; a window as long as
-	// the period keeps them attached (every launch then costs a probe hit).
+	// LaunchWindow is how long the sampling launch probes stay attached,
+	// at a random moment of each LaunchPeriod, on the processes whose
+	// launches are not counted exactly (see Ledgered). A window of 0
+	// attaches no launch probe at all; a window as long as the period keeps
+	// the sampling probes attached on every process (every launch then
+	// costs a probe hit).
 	LaunchWindow time.Duration
 	LaunchPeriod time.Duration
+	// Ledgered says whether a process (its pid under ProcRoot) keeps a live
+	// slot in its container's ledger, which counts its launches; nil: no
+	// process does. Every other process that maps libcuda has its launches
+	// counted exactly, by a launch probe attached to it alone (Linux 6.6;
+	// before, and where ProcRoot's pids are not the host's, its launches are
+	// sampled too). Asked when the scan finds a process, every second while
+	// it is young, every 10 s after; it must not block.
+	Ledgered func(pid int) bool
 	// GCInterval is how often the state of processes that are gone is cleared.
 	GCInterval time.Duration
 	// FailedAllocBuffer is how many failed-allocation events wait for the

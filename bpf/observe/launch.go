@@ -1,15 +1,16 @@
 package observe
 
 import (
+	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/gpuwarden/gpuwarden/bpf/probes"
 )
 
-// launchState keeps the launch sampling's bookkeeping: how long the launch
-// probes have been attached, and the rate each (cgroup, device) launched at
-// in the last window.
+// launchState keeps the launch counting's bookkeeping: how long the sampling
+// probes have been attached, the rate each (cgroup, device) launched at in
+// the last window, and the exact counts of the processes no ledger counts.
 type launchState struct {
 	mu         sync.Mutex
 	always     bool // window == period: attached for good
@@ -21,18 +22,26 @@ type launchState struct {
 	baseline   map[probes.Key]uint64 // counts when this observer started
 	lastCounts map[probes.Key]uint64 // counts at the end of the last window
 	rates      map[probes.Key]float64
+
+	exactBase  map[probes.Key]uint64 // exact counts when this observer started
+	exactLast  map[probes.Key]uint64 // exact counts at the end of the last period
+	exactAt    time.Time             // the end of the last period
+	exactRates map[probes.Key]float64
 }
 
 func (l *launchState) init(cfg Config, now time.Time) {
 	l.always = cfg.LaunchWindow > 0 && cfg.LaunchWindow >= cfg.LaunchPeriod
 	l.off = cfg.LaunchWindow <= 0
 	l.start = now
+	l.exactAt = now
 	l.rates = map[probes.Key]float64{}
+	l.exactRates = map[probes.Key]float64{}
 }
 
-// sampleLaunches attaches the launch probes for LaunchWindow every
-// LaunchPeriod (or for good, when the window is the period) and turns the
-// launches counted in each window into rates.
+// sampleLaunches attaches the sampling launch probes for LaunchWindow at a
+// random moment of every LaunchPeriod (or for good, when the window is the
+// period) and turns the launches counted in each window into rates; at the
+// end of each period it turns the exact counts into rates over the period.
 func (o *Observer) sampleLaunches() {
 	defer o.wg.Done()
 	if o.launch.off {
@@ -42,57 +51,107 @@ func (o *Observer) sampleLaunches() {
 	if err != nil {
 		o.log.Warn("read launches", "err", err)
 	}
+	exact, err := o.probes.ExactLaunchCounts()
+	if err != nil {
+		o.log.Warn("read exact launches", "err", err)
+	}
 	o.launch.mu.Lock()
 	o.launch.baseline = base
+	o.launch.exactBase, o.launch.exactLast = exact, exact
 	o.launch.mu.Unlock()
 	if o.launch.always {
 		o.setLaunchProbes(true)
 	}
-	t := time.NewTicker(o.cfg.LaunchPeriod)
-	defer t.Stop()
+	period, window := o.cfg.LaunchPeriod, o.cfg.LaunchWindow
 	for {
-		select {
-		case <-o.stop:
-			return
-		case <-t.C:
-		}
-		before, err := o.probes.Launches()
-		if err != nil {
-			o.log.Warn("read launches", "err", err)
-			continue
-		}
-		var from, to time.Time
-		if o.launch.always {
-			from = o.launch.lastEndOr(o.launch.start)
-			to = time.Now()
-			before = o.launch.previous(before)
-		} else {
-			// The window runs from the middle of attaching (about a
-			// millisecond) to the start of detaching: the kernel takes the
-			// breakpoints out first and only then waits for handlers in flight.
-			t0 := time.Now()
-			o.setLaunchProbes(true)
-			t1 := time.Now()
-			select {
-			case <-o.stop:
-				o.setLaunchProbes(false)
+		cycle := time.Now()
+		if !o.launch.always {
+			// A window at a random moment of the period, so a process
+			// cannot time its launches around it.
+			if !o.sleepUntil(cycle.Add(rand.N(period - window + 1))) {
 				return
-			case <-time.After(o.cfg.LaunchWindow):
 			}
-			from, to = t0.Add(t1.Sub(t0)/2), time.Now()
-			o.setLaunchProbes(false)
+			if !o.window(window) {
+				return
+			}
 		}
-		after, err := o.probes.Launches()
-		if err != nil {
-			o.log.Warn("read launches", "err", err)
-			continue
+		if !o.sleepUntil(cycle.Add(period)) {
+			return
 		}
-		o.launch.record(before, after, from, to)
+		if o.launch.always {
+			o.recordAlways()
+		}
+		o.recordExact()
 	}
 }
 
-// setLaunchProbes attaches or detaches the launch probes on every library,
-// all at once.
+// sleepUntil waits for t; false when the observer stops first.
+func (o *Observer) sleepUntil(t time.Time) bool {
+	select {
+	case <-o.stop:
+		return false
+	case <-time.After(time.Until(t)):
+		return true
+	}
+}
+
+// window attaches the sampling probes for d and records what they
+// counted; false when the observer stops meanwhile.
+func (o *Observer) window(d time.Duration) bool {
+	before, err := o.probes.Launches()
+	if err != nil {
+		o.log.Warn("read launches", "err", err)
+		return true
+	}
+	// The window runs from the middle of attaching (about a millisecond)
+	// to the start of detaching: the kernel takes the breakpoints out
+	// first and only then waits for handlers in flight.
+	t0 := time.Now()
+	o.setLaunchProbes(true)
+	t1 := time.Now()
+	stopped := !o.sleepUntil(t1.Add(d))
+	from, to := t0.Add(t1.Sub(t0)/2), time.Now()
+	o.setLaunchProbes(false)
+	if stopped {
+		return false
+	}
+	after, err := o.probes.Launches()
+	if err != nil {
+		o.log.Warn("read launches", "err", err)
+		return true
+	}
+	o.launch.record(before, after, from, to)
+	return true
+}
+
+// recordAlways records the period just ended, the probes attached for good.
+func (o *Observer) recordAlways() {
+	now, err := o.probes.Launches()
+	if err != nil {
+		o.log.Warn("read launches", "err", err)
+		return
+	}
+	from := o.launch.lastEndOr(o.launch.start)
+	o.launch.record(o.launch.previous(now), now, from, time.Now())
+}
+
+// recordExact turns the exact counts of the period just ended into rates.
+func (o *Observer) recordExact() {
+	now, err := o.probes.ExactLaunchCounts()
+	if err != nil {
+		o.log.Warn("read exact launches", "err", err)
+		return
+	}
+	t := time.Now()
+	l := &o.launch
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.exactRates = rates(l.exactLast, now, t.Sub(l.exactAt))
+	l.exactLast, l.exactAt = now, t
+}
+
+// setLaunchProbes attaches or detaches the sampling launch probes on every
+// library, all at once.
 func (o *Observer) setLaunchProbes(on bool) {
 	o.mu.Lock()
 	libs := make([]*attached, 0, len(o.libs))
@@ -145,17 +204,26 @@ func (l *launchState) record(before, after map[probes.Key]uint64, from, to time.
 	if d <= 0 {
 		return
 	}
-	rates := make(map[probes.Key]float64, len(after))
-	for k, n := range after {
-		if delta := n - before[k]; delta > 0 && n >= before[k] {
-			rates[k] = float64(delta) / d.Seconds()
-		}
-	}
+	r := rates(before, after, d)
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.rates = rates
+	l.rates = r
 	l.observed += d
 	l.windows++
 	l.lastEnd = to
 	l.lastCounts = after
+}
+
+// rates is each key's launches from before to after, per second over d.
+func rates(before, after map[probes.Key]uint64, d time.Duration) map[probes.Key]float64 {
+	out := make(map[probes.Key]float64, len(after))
+	if d <= 0 {
+		return out
+	}
+	for k, n := range after {
+		if delta := n - before[k]; delta > 0 && n >= before[k] {
+			out[k] = float64(delta) / d.Seconds()
+		}
+	}
+	return out
 }

@@ -8,11 +8,14 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/gpuwarden/gpuwarden/bpf/internal/bpftest"
 	"github.com/gpuwarden/gpuwarden/bpf/libcuda"
+	"github.com/gpuwarden/gpuwarden/bpf/probes"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
 
@@ -347,6 +350,7 @@ func TestLaunchesCountedWhileAttached(t *testing.T) {
 // are seen during a window and the rate is extrapolated from it.
 func TestLaunchWindowSampled(t *testing.T) {
 	c, prog := launchConfig(t, 100*time.Millisecond, 500*time.Millisecond)
+	c.Ledgered = func(int) bool { return true } // windows sample the processes that keep a ledger
 	o := start(t, c)
 	m := simtest.NewMachine(t, 1, "4Gi")
 	cg := simtest.NewCgroup(t, "window")
@@ -386,4 +390,85 @@ func TestNoBPFFSError(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "not on bpffs") {
 		t.Fatalf("Start with a pin dir on %s = %v, want a bpffs error", c.PinDir, err)
 	}
+}
+
+// A process that keeps a ledger takes no launch probe at all, and every
+// launch of one that keeps none is counted, from any thread, by a probe on
+// that process alone.
+func TestExactLaunchesOnlyWithoutLedger(t *testing.T) {
+	c, prog := launchConfig(t, time.Millisecond, time.Hour) // a window is unlikely within the test: checked below
+	c.ScanInterval = 100 * time.Millisecond
+	// Every process on the machine keeps a ledger as far as this observer
+	// is told, but the one the test makes bypass it: no other test's
+	// process is probed.
+	var bypass atomic.Int64
+	var asked sync.Map
+	c.Ledgered = func(pid int) bool {
+		asked.Store(pid, true)
+		return int64(pid) != bypass.Load()
+	}
+	stats, err := probes.EnableStats()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stats.Close()
+	o := start(t, c)
+	if !o.Probes().ExactLaunches() {
+		t.Skip("the kernel has no uprobe-multi links (Linux 6.6): every process's launches are sampled")
+	}
+	runs := func() map[string]uint64 {
+		st, err := o.Probes().ProgramStats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return map[string]uint64{"launch": st["launch"].RunCount, "launch_exact": st["launch_exact"].RunCount}
+	}
+	m := simtest.NewMachine(t, 1, "4Gi")
+	ledgered, bypassing := simtest.NewCgroup(t, "ledgered"), simtest.NewCgroup(t, "bypassing")
+
+	led := simtest.StartAllocProg(t, ledgered.Place(m.Command(prog)))
+	led.Do(t, "ctx 0")
+	waitFor(t, 5*time.Second, func() (bool, string) {
+		_, ok := asked.Load(led.P.Cmd.Process.Pid)
+		return ok, "the scan never asked whether the ledgered process keeps a ledger"
+	})
+	before := runs()
+	led.Do(t, "launch 1000")
+	led.Do(t, "launch 10 ex")
+	led.Do(t, "launchthread 100")
+	if got := runs(); got["launch_exact"] != before["launch_exact"] || got["launch"] != before["launch"] {
+		t.Errorf("launch programs ran %v times after %v while only a ledgered process launched, want no run", got, before)
+	}
+
+	byp := simtest.StartAllocProg(t, bypassing.Place(m.Command(prog)))
+	bypass.Store(int64(byp.P.Cmd.Process.Pid))
+	byp.Do(t, "ctx 0")
+	waitFor(t, 5*time.Second, func() (bool, string) {
+		s := snapshot(t, o)
+		return s.Launch.ExactProcesses == 1, fmt.Sprintf("%d processes counted exactly, want the bypassing one", s.Launch.ExactProcesses)
+	})
+	before = runs()
+	byp.Do(t, "launch 1000")
+	byp.Do(t, "launch 10 ex")
+	byp.Do(t, "launch 5 graph") // one cuLaunchKernel while capturing, then 5 cuGraphLaunch
+	byp.Do(t, "launchthread 100")
+	led.Do(t, "launch 1000")
+	s := snapshot(t, o)
+	if u := s.Find(bypassing.ID, 0); u.LaunchesObserved != 1116 || u.LaunchesExact != 1116 {
+		t.Errorf("bypassing process: %d launches observed, %d exact, want 1116 of each", u.LaunchesObserved, u.LaunchesExact)
+	}
+	if got := runs(); got["launch_exact"]-before["launch_exact"] != 1116 {
+		t.Errorf("the exact launch program ran %d times for 1116 launches of the bypassing process", got["launch_exact"]-before["launch_exact"])
+	}
+	if s.Launch.Windows == 0 {
+		if u := s.Find(ledgered.ID, 0); u.LaunchesObserved != 0 {
+			t.Errorf("ledgered process: %d launches observed with no window, want 0", u.LaunchesObserved)
+		}
+	}
+	led.Quit(t)
+	byp.Quit(t)
+	waitFor(t, 5*time.Second, func() (bool, string) {
+		s := snapshot(t, o)
+		return s.Launch.ExactProcesses == 0, fmt.Sprintf("%d processes counted exactly after both exited", s.Launch.ExactProcesses)
+	})
 }

@@ -1,7 +1,8 @@
 // Package observe is the eBPF view the collector reads: it loads the probes,
-// keeps them attached to every libcuda the node's processes use, samples
-// kernel launches in short windows, clears the state of processes that are
-// gone, and answers Snapshot.
+// keeps them attached to every libcuda the node's processes use, counts the
+// kernel launches of processes no ledger counts and samples the others' in
+// short windows, clears the state of processes that are gone, and answers
+// Snapshot.
 package observe
 
 import (
@@ -39,6 +40,14 @@ type Observer struct {
 	libs map[libcuda.FileID]*attached
 
 	launch launchState
+	// exact: the processes that map libcuda, by pid, and the exact launch
+	// probes on those that keep no ledger (the scan's goroutine only);
+	// exactOn: launches are counted so (the kernel can, pids are the
+	// host's, and the sampling probes are not attached for good).
+	exact      map[int]*exactProc
+	exactOn    bool
+	exactProcs atomic.Int64 // processes counted exactly now
+	closing    sync.WaitGroup
 
 	stop      chan struct{}
 	closeOnce sync.Once
@@ -87,9 +96,12 @@ func Start(cfg Config) (*Observer, error) {
 		stop:    make(chan struct{}),
 	}
 	// The probes name processes by host pid: where ProcRoot numbers them
-	// so, a scan reads only the processes they name, and new ones.
+	// so, a scan reads only the processes they name, and new ones, and the
+	// launches of processes no ledger counts can be counted exactly.
 	if hostPIDs(cfg.ProcRoot) {
 		o.scanner.SetChanges(p.Changed)
+		o.exactOn = p.ExactLaunches() && cfg.LaunchWindow > 0 && cfg.LaunchWindow < cfg.LaunchPeriod
+		o.exact = map[int]*exactProc{}
 	}
 	// Processes that died while no agent watched leave the view now.
 	o.reapDead()
@@ -122,6 +134,7 @@ func (o *Observer) Close() error {
 		o.events.Close()
 		o.wg.Wait()
 		close(o.failed)
+		o.closeExact()
 		// Libraries side by side, as each library's links are: every
 		// detach waits for handlers in flight, and a node (or a test
 		// machine) can map many copies of libcuda.
@@ -286,6 +299,9 @@ func (o *Observer) scan() {
 	for _, a := range gone {
 		a.lib.Detach()
 		o.log.Info("detached from libcuda no process maps", "path", a.info.Path, "file", a.info.File)
+	}
+	if o.exactOn {
+		o.countExactly(o.scanner.Users())
 	}
 }
 

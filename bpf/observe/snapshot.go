@@ -32,9 +32,10 @@ type Usage struct {
 	ContextsCreated   uint64
 	ContextsDestroyed uint64
 
-	LaunchesObserved  uint64  // launches counted while the launch probes were attached
-	LaunchRate        float64 // launches/s in the last window (extrapolated from the window)
-	LaunchesEstimated float64 // launches since this observer started, extrapolated by the duty cycle
+	LaunchesObserved  uint64  // launches counted: every one of processes counted exactly, the others' while the sampling probes were attached
+	LaunchesExact     uint64  // of those, launches of processes counted exactly, since this observer started
+	LaunchRate        float64 // launches/s: over the last period for processes counted exactly, in the last window for the others
+	LaunchesEstimated float64 // launches since this observer started: exact counts, plus sampled ones extrapolated by the duty cycle
 }
 
 // LaunchSampling says how launches were sampled.
@@ -45,6 +46,9 @@ type LaunchSampling struct {
 	ElapsedSeconds  float64 // time since this observer started
 	Windows         uint64  // windows completed
 	LastWindowEnd   time.Time
+	// ExactProcesses is how many processes have their launches counted
+	// exactly now (those that map libcuda and keep no ledger).
+	ExactProcesses int
 }
 
 // ProbeStats are the probes' own counters (for gpuwarden_agent_probe_*).
@@ -68,6 +72,10 @@ func (o *Observer) Snapshot() (Snapshot, error) {
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("snapshot: %w", err)
 	}
+	exact, err := o.probes.ExactLaunchCounts()
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("snapshot: %w", err)
+	}
 	st, err := o.probes.Stats()
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("snapshot: %w", err)
@@ -78,10 +86,10 @@ func (o *Observer) Snapshot() (Snapshot, error) {
 	sampling := LaunchSampling{
 		Window: o.cfg.LaunchWindow, Period: o.cfg.LaunchPeriod, DutyCycle: o.cfg.DutyCycle(),
 		ObservedSeconds: l.observed.Seconds(), ElapsedSeconds: now.Sub(l.start).Seconds(),
-		Windows: l.windows, LastWindowEnd: l.lastEnd,
+		Windows: l.windows, LastWindowEnd: l.lastEnd, ExactProcesses: int(o.exactProcs.Load()),
 	}
-	rates := l.rates
-	baseline := l.baseline
+	rates, exactRates := l.rates, l.exactRates
+	baseline, exactBase := l.baseline, l.exactBase
 	l.mu.Unlock()
 	if l.always {
 		sampling.ObservedSeconds = sampling.ElapsedSeconds
@@ -92,6 +100,9 @@ func (o *Observer) Snapshot() (Snapshot, error) {
 		keys[k] = true
 	}
 	for k := range launches {
+		keys[k] = true
+	}
+	for k := range exact {
 		keys[k] = true
 	}
 	s := Snapshot{
@@ -111,10 +122,14 @@ func (o *Observer) Snapshot() (Snapshot, error) {
 			Cgroup: k.Cgroup, Device: dev,
 			Bytes: u.Bytes, Allocs: u.Allocs, Frees: u.Frees, AllocFailures: u.AllocFailures,
 			ExitFreedBytes: u.ExitFreedBytes, ContextsCreated: u.CtxCreated, ContextsDestroyed: u.CtxDestroyed,
-			LaunchesObserved: launches[k], LaunchRate: rates[k],
+			LaunchesObserved: launches[k] + exact[k], LaunchRate: rates[k] + exactRates[k],
 		}
 		if sampling.ObservedSeconds > 0 && launches[k] >= baseline[k] {
 			e.LaunchesEstimated = float64(launches[k]-baseline[k]) * sampling.ElapsedSeconds / sampling.ObservedSeconds
+		}
+		if exact[k] >= exactBase[k] {
+			e.LaunchesExact = exact[k] - exactBase[k]
+			e.LaunchesEstimated += float64(e.LaunchesExact)
 		}
 		s.Usage = append(s.Usage, e)
 	}

@@ -1,9 +1,11 @@
 package probes
 
 import (
+	"debug/elf"
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"sync"
 
 	"github.com/cilium/ebpf"
@@ -75,6 +77,8 @@ type Library struct {
 	closed bool
 	memory []link.Link
 	launch []link.Link
+	// exported is which LaunchSymbols the file defines (nil: not read yet).
+	exported []string
 }
 
 // Attach opens the library at path and attaches the memory and context
@@ -174,4 +178,73 @@ func (lib *Library) Detach() {
 	lib.closed = true
 	closeAll(append(lib.launch, lib.memory...))
 	lib.launch, lib.memory = nil, nil
+}
+
+// ExactLaunches says whether launches can be counted process by process
+// (AttachExact): the kernel has uprobe-multi links (Linux 6.6).
+func (p *Probes) ExactLaunches() bool { return p.exact }
+
+// AttachExact attaches the exact launch probe to every launch entry point
+// of the library, for process pid (as the caller's pid namespace numbers
+// it) alone: one uprobe-multi link whose pid filter keeps the breakpoints
+// out of every other process, so only pid pays the traps. Mark the process
+// (MarkExact) so the sampling probe leaves its launches to this one.
+func (p *Probes) AttachExact(lib *Library, pid int) (link.Link, error) {
+	if !p.exact {
+		return nil, fmt.Errorf("count launches of process %d: uprobe-multi links need Linux 6.6: %w", pid, ErrKernel)
+	}
+	syms, err := lib.launchSymbols()
+	if err != nil {
+		return nil, err
+	}
+	if len(syms) == 0 {
+		return nil, fmt.Errorf("count launches in %s: it exports none of the launch entry points", lib.Path)
+	}
+	l, err := lib.exe.UprobeMulti(syms, p.objs.LaunchExact, &link.UprobeMultiOptions{PID: uint32(pid)})
+	if err != nil {
+		return nil, fmt.Errorf("attach launch probe for process %d to %s: %w", pid, lib.Path, explainAttach(err))
+	}
+	return l, nil
+}
+
+// MarkExact tells the sampling launch probe to leave process tgid (host
+// pid) alone (on) or to count it again (off).
+func (p *Probes) MarkExact(tgid uint32, on bool) error {
+	var err error
+	if on {
+		err = p.objs.ExactProcs.Put(tgid, uint8(1))
+	} else if err = p.objs.ExactProcs.Delete(tgid); errors.Is(err, ebpf.ErrKeyNotExist) {
+		err = nil
+	}
+	if err != nil {
+		return fmt.Errorf("mark process %d counted exactly: %w", tgid, err)
+	}
+	return nil
+}
+
+// launchSymbols is which launch entry points the file exports, read once
+// from its dynamic symbols (a uprobe-multi link wants every symbol found).
+func (lib *Library) launchSymbols() ([]string, error) {
+	lib.mu.Lock()
+	defer lib.mu.Unlock()
+	if lib.exported != nil {
+		return lib.exported, nil
+	}
+	f, err := elf.Open(lib.Path)
+	if err != nil {
+		return nil, fmt.Errorf("read symbols of %s: %w", lib.Path, err)
+	}
+	defer f.Close()
+	dyn, err := f.DynamicSymbols()
+	if err != nil {
+		return nil, fmt.Errorf("read symbols of %s: %w", lib.Path, err)
+	}
+	lib.exported = []string{}
+	for _, s := range dyn {
+		if s.Section != elf.SHN_UNDEF && elf.ST_TYPE(s.Info) == elf.STT_FUNC && slices.Contains(LaunchSymbols, s.Name) &&
+			!slices.Contains(lib.exported, s.Name) {
+			lib.exported = append(lib.exported, s.Name)
+		}
+	}
+	return lib.exported, nil
 }

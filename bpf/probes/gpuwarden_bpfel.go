@@ -161,8 +161,10 @@ const (
 	gpuwardenMapChanged              = "changed"
 	gpuwardenMapCtxs                 = "ctxs"
 	gpuwardenMapEvents               = "events"
+	gpuwardenMapExactProcs           = "exact_procs"
 	gpuwardenMapGeneration           = "generation"
 	gpuwardenMapLaunches             = "launches"
+	gpuwardenMapLaunchesExact        = "launches_exact"
 	gpuwardenMapPending              = "pending"
 	gpuwardenMapPools                = "pools"
 	gpuwardenMapPrimaries            = "primaries"
@@ -183,6 +185,7 @@ const (
 	gpuwardenProgCtxRetain           = "ctx_retain"
 	gpuwardenProgCtxSetCurrent       = "ctx_set_current"
 	gpuwardenProgLaunch              = "launch"
+	gpuwardenProgLaunchExact         = "launch_exact"
 	gpuwardenProgMemAlloc            = "mem_alloc"
 	gpuwardenProgMemAllocAsync       = "mem_alloc_async"
 	gpuwardenProgMemAllocManaged     = "mem_alloc_managed"
@@ -262,6 +265,7 @@ type gpuwardenProgramSpecs struct {
 	CtxRetain        *ebpf.ProgramSpec `ebpf:"ctx_retain"`
 	CtxSetCurrent    *ebpf.ProgramSpec `ebpf:"ctx_set_current"`
 	Launch           *ebpf.ProgramSpec `ebpf:"launch"`
+	LaunchExact      *ebpf.ProgramSpec `ebpf:"launch_exact"`
 	MemAlloc         *ebpf.ProgramSpec `ebpf:"mem_alloc"`
 	MemAllocAsync    *ebpf.ProgramSpec `ebpf:"mem_alloc_async"`
 	MemAllocManaged  *ebpf.ProgramSpec `ebpf:"mem_alloc_managed"`
@@ -287,20 +291,22 @@ type gpuwardenProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type gpuwardenMapSpecs struct {
-	Allocs     *ebpf.MapSpec `ebpf:"allocs"`
-	Changed    *ebpf.MapSpec `ebpf:"changed"`
-	Ctxs       *ebpf.MapSpec `ebpf:"ctxs"`
-	Events     *ebpf.MapSpec `ebpf:"events"`
-	Generation *ebpf.MapSpec `ebpf:"generation"`
-	Launches   *ebpf.MapSpec `ebpf:"launches"`
-	Pending    *ebpf.MapSpec `ebpf:"pending"`
-	Pools      *ebpf.MapSpec `ebpf:"pools"`
-	Primaries  *ebpf.MapSpec `ebpf:"primaries"`
-	ProcBytes  *ebpf.MapSpec `ebpf:"proc_bytes"`
-	Procs      *ebpf.MapSpec `ebpf:"procs"`
-	Stats      *ebpf.MapSpec `ebpf:"stats"`
-	Threads    *ebpf.MapSpec `ebpf:"threads"`
-	Usage      *ebpf.MapSpec `ebpf:"usage"`
+	Allocs        *ebpf.MapSpec `ebpf:"allocs"`
+	Changed       *ebpf.MapSpec `ebpf:"changed"`
+	Ctxs          *ebpf.MapSpec `ebpf:"ctxs"`
+	Events        *ebpf.MapSpec `ebpf:"events"`
+	ExactProcs    *ebpf.MapSpec `ebpf:"exact_procs"`
+	Generation    *ebpf.MapSpec `ebpf:"generation"`
+	Launches      *ebpf.MapSpec `ebpf:"launches"`
+	LaunchesExact *ebpf.MapSpec `ebpf:"launches_exact"`
+	Pending       *ebpf.MapSpec `ebpf:"pending"`
+	Pools         *ebpf.MapSpec `ebpf:"pools"`
+	Primaries     *ebpf.MapSpec `ebpf:"primaries"`
+	ProcBytes     *ebpf.MapSpec `ebpf:"proc_bytes"`
+	Procs         *ebpf.MapSpec `ebpf:"procs"`
+	Stats         *ebpf.MapSpec `ebpf:"stats"`
+	Threads       *ebpf.MapSpec `ebpf:"threads"`
+	Usage         *ebpf.MapSpec `ebpf:"usage"`
 }
 
 // gpuwardenVariableSpecs contains global variables before they are loaded into the kernel.
@@ -333,20 +339,22 @@ func (o *gpuwardenObjects) Close() error {
 //
 // It can be passed to loadGpuwardenObjects or ebpf.CollectionSpec.LoadAndAssign.
 type gpuwardenMaps struct {
-	Allocs     *ebpf.Map `ebpf:"allocs"`
-	Changed    *ebpf.Map `ebpf:"changed"`
-	Ctxs       *ebpf.Map `ebpf:"ctxs"`
-	Events     *ebpf.Map `ebpf:"events"`
-	Generation *ebpf.Map `ebpf:"generation"`
-	Launches   *ebpf.Map `ebpf:"launches"`
-	Pending    *ebpf.Map `ebpf:"pending"`
-	Pools      *ebpf.Map `ebpf:"pools"`
-	Primaries  *ebpf.Map `ebpf:"primaries"`
-	ProcBytes  *ebpf.Map `ebpf:"proc_bytes"`
-	Procs      *ebpf.Map `ebpf:"procs"`
-	Stats      *ebpf.Map `ebpf:"stats"`
-	Threads    *ebpf.Map `ebpf:"threads"`
-	Usage      *ebpf.Map `ebpf:"usage"`
+	Allocs        *ebpf.Map `ebpf:"allocs"`
+	Changed       *ebpf.Map `ebpf:"changed"`
+	Ctxs          *ebpf.Map `ebpf:"ctxs"`
+	Events        *ebpf.Map `ebpf:"events"`
+	ExactProcs    *ebpf.Map `ebpf:"exact_procs"`
+	Generation    *ebpf.Map `ebpf:"generation"`
+	Launches      *ebpf.Map `ebpf:"launches"`
+	LaunchesExact *ebpf.Map `ebpf:"launches_exact"`
+	Pending       *ebpf.Map `ebpf:"pending"`
+	Pools         *ebpf.Map `ebpf:"pools"`
+	Primaries     *ebpf.Map `ebpf:"primaries"`
+	ProcBytes     *ebpf.Map `ebpf:"proc_bytes"`
+	Procs         *ebpf.Map `ebpf:"procs"`
+	Stats         *ebpf.Map `ebpf:"stats"`
+	Threads       *ebpf.Map `ebpf:"threads"`
+	Usage         *ebpf.Map `ebpf:"usage"`
 }
 
 func (m *gpuwardenMaps) Close() error {
@@ -355,8 +363,10 @@ func (m *gpuwardenMaps) Close() error {
 		m.Changed,
 		m.Ctxs,
 		m.Events,
+		m.ExactProcs,
 		m.Generation,
 		m.Launches,
+		m.LaunchesExact,
 		m.Pending,
 		m.Pools,
 		m.Primaries,
@@ -394,6 +404,7 @@ type gpuwardenPrograms struct {
 	CtxRetain        *ebpf.Program `ebpf:"ctx_retain"`
 	CtxSetCurrent    *ebpf.Program `ebpf:"ctx_set_current"`
 	Launch           *ebpf.Program `ebpf:"launch"`
+	LaunchExact      *ebpf.Program `ebpf:"launch_exact"`
 	MemAlloc         *ebpf.Program `ebpf:"mem_alloc"`
 	MemAllocAsync    *ebpf.Program `ebpf:"mem_alloc_async"`
 	MemAllocManaged  *ebpf.Program `ebpf:"mem_alloc_managed"`
@@ -429,6 +440,7 @@ func (p *gpuwardenPrograms) Close() error {
 		p.CtxRetain,
 		p.CtxSetCurrent,
 		p.Launch,
+		p.LaunchExact,
 		p.MemAlloc,
 		p.MemAllocAsync,
 		p.MemAllocManaged,

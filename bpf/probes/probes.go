@@ -15,6 +15,7 @@ import (
 	"runtime"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/features"
 	"github.com/cilium/ebpf/link"
 	"github.com/cilium/ebpf/rlimit"
 )
@@ -32,6 +33,9 @@ type Probes struct {
 	// mapping names the processes whose mappings change (Changed); nil
 	// where the kernel has not the tracepoint.
 	mapping link.Link
+	// exact: the kernel has uprobe-multi links, so launches can be counted
+	// process by process (AttachExact).
+	exact bool
 }
 
 // Open loads the programs and maps. With pinDir set, maps are pinned there
@@ -77,6 +81,13 @@ func Open(pinDir string, log *slog.Logger) (*Probes, error) {
 		for _, m := range spec.Maps {
 			m.Pinning = ebpf.PinNone
 		}
+	}
+	// Without uprobe-multi links (before Linux 6.6) the kernel refuses a
+	// program of that attach type: it is loaded as a plain uprobe and never
+	// attached, and every process's launches are sampled.
+	p.exact = features.HaveBPFLinkUprobeMulti() == nil
+	if !p.exact {
+		spec.Programs["launch_exact"].AttachType = ebpf.AttachNone
 	}
 	opts := &ebpf.CollectionOptions{Maps: ebpf.MapOptions{PinPath: pinDir}}
 	err = spec.LoadAndAssign(&p.objs, opts)

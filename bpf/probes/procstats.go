@@ -60,16 +60,55 @@ func programStat(prog *ebpf.Program) (string, ProgramStat, error) {
 	return info.Name, ProgramStat{RunCount: s.RunCount, Runtime: s.Runtime}, nil
 }
 
+// ProcessExactLaunches is ExactLaunchCounts for an agent running as
+// another process: the launches its exact launch probe counted, per
+// (cgroup, device), found through its descriptors (the map_id lines of
+// /proc/PID/fdinfo).
+func ProcessExactLaunches(pid int) (map[Key]uint64, error) {
+	ids, err := fdinfoIDs(pid, "map_id:")
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range ids {
+		m, err := ebpf.NewMapFromID(ebpf.MapID(id))
+		if err != nil {
+			continue // closed since the descriptors were read
+		}
+		info, err := m.Info()
+		if err == nil && info.Name == "launches_exact" {
+			out, err := readLaunches(m, info.Name)
+			m.Close()
+			return out, err
+		}
+		m.Close()
+	}
+	return nil, fmt.Errorf("process %d holds no launches_exact map (%d maps open)", pid, len(ids))
+}
+
 // processProgramIDs lists the eBPF programs pid's descriptors refer to:
 // programs, and links (whose fdinfo names their program too).
 func processProgramIDs(pid int) ([]ebpf.ProgramID, error) {
+	ids, err := fdinfoIDs(pid, "prog_id:")
+	if err != nil {
+		return nil, err
+	}
+	out := make([]ebpf.ProgramID, len(ids))
+	for i, id := range ids {
+		out[i] = ebpf.ProgramID(id)
+	}
+	return out, nil
+}
+
+// fdinfoIDs lists the distinct ids of the lines starting with prefix in
+// pid's descriptors' fdinfo.
+func fdinfoIDs(pid int, prefix string) ([]uint32, error) {
 	dir := filepath.Join("/proc", strconv.Itoa(pid), "fdinfo")
 	fds, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("read the descriptors of process %d: %w", pid, err)
 	}
-	seen := map[ebpf.ProgramID]bool{}
-	var ids []ebpf.ProgramID
+	seen := map[uint32]bool{}
+	var ids []uint32
 	for _, fd := range fds {
 		f, err := os.Open(filepath.Join(dir, fd.Name()))
 		if err != nil {
@@ -77,13 +116,13 @@ func processProgramIDs(pid int) ([]ebpf.ProgramID, error) {
 		}
 		sc := bufio.NewScanner(f)
 		for sc.Scan() {
-			v, ok := strings.CutPrefix(sc.Text(), "prog_id:")
+			v, ok := strings.CutPrefix(sc.Text(), prefix)
 			if !ok {
 				continue
 			}
-			if n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32); err == nil && !seen[ebpf.ProgramID(n)] {
-				seen[ebpf.ProgramID(n)] = true
-				ids = append(ids, ebpf.ProgramID(n))
+			if n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 32); err == nil && !seen[uint32(n)] {
+				seen[uint32(n)] = true
+				ids = append(ids, uint32(n))
 			}
 		}
 		f.Close()

@@ -47,17 +47,28 @@ func (p *Probes) Usage() (map[Key]Usage, error) {
 	return out, nil
 }
 
-// Launches reads the launches counted while launch probes were attached.
+// Launches reads the launches counted while the sampling launch probes were
+// attached.
 func (p *Probes) Launches() (map[Key]uint64, error) {
+	return readLaunches(p.objs.Launches, "launches")
+}
+
+// ExactLaunchCounts reads the launches counted by the exact probe (AttachExact)
+// per (cgroup, device), since these probes were loaded.
+func (p *Probes) ExactLaunchCounts() (map[Key]uint64, error) {
+	return readLaunches(p.objs.LaunchesExact, "launches_exact")
+}
+
+func readLaunches(m *ebpf.Map, name string) (map[Key]uint64, error) {
 	out := map[Key]uint64{}
 	var k gpuwardenUsageKey
 	var v gpuwardenLaunchVal
-	it := p.objs.Launches.Iterate()
+	it := m.Iterate()
 	for it.Next(&k, &v) {
 		out[Key{k.Cgroup, k.Device}] = v.Count
 	}
 	if err := it.Err(); err != nil {
-		return nil, fmt.Errorf("read launches map: %w", err)
+		return nil, fmt.Errorf("read %s map: %w", name, err)
 	}
 	return out, nil
 }

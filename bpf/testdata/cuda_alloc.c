@@ -11,6 +11,7 @@
  *   free ID                  frees by the path that allocated it
  *   freethread ID            the same, from a new thread (current context set first)
  *   launch N [KIND]          N launches; KIND: kernel (default) ex graph
+ *   launchthread N           N cuLaunchKernel from a thread of its own
  *   launchfor MS             cuLaunchKernel in a loop for MS milliseconds, prints "ok N"
  *   launchcapture N          N launches into a capturing stream (the launch's host cost
  *                            alone), prints "ok NS" per launch
@@ -106,6 +107,22 @@ static void *free_thread(void *p) {
     struct free_arg *a = p;
     a->rc = cuCtxSetCurrent(g_cur);
     if (!a->rc) a->rc = do_free(a->id);
+    return NULL;
+}
+
+/* launchthread: launches from a thread of their own (a probe attached to a
+ * process must count every thread's). */
+struct launch_arg {
+    long n;
+    CUresult rc;
+};
+
+static CUresult launch(long n, const char *kind);
+
+static void *launch_thread(void *p) {
+    struct launch_arg *a = p;
+    a->rc = cuCtxSetCurrent(g_cur);
+    if (!a->rc) a->rc = launch(a->n, "kernel");
     return NULL;
 }
 
@@ -264,6 +281,12 @@ int main(void) {
             reply(fa.rc);
         } else if (!strcmp(cmd, "launch")) {
             reply(launch(atol(a), n >= 3 ? bs : "kernel"));
+        } else if (!strcmp(cmd, "launchthread")) {
+            pthread_t t;
+            struct launch_arg la = {.n = atol(a)};
+            pthread_create(&t, NULL, launch_thread, &la);
+            pthread_join(t, NULL);
+            reply(la.rc);
         } else if (!strcmp(cmd, "launchcapture")) {
             double ns = 0;
             rc = launch_capture(atol(a), &ns);

@@ -16,17 +16,17 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/gpuwarden/gpuwarden/bpf/observe"
 	"github.com/gpuwarden/gpuwarden/bpf/probes"
 )
 
 func init() { benchSuites["probes"] = benchSuite{order: 20, run: benchProbes} }
 
 // benchProbes measures what the eBPF probes cost: one probe hit (a launch
-// loop with the launch probe attached for good, against none), and a
-// launch-heavy training loop's throughput with the observer at its default
-// settings against none, interleaved in one run; then which of the agent's
-// eBPF programs that cost is spent in (programCosts).
+// loop with the launch probe attached for good, against none); a training
+// run's throughput under the interposer, with the agent observing it and
+// without, in alternating rounds; and which of the agent's eBPF programs
+// that cost is spent in, for a process that keeps a ledger and for one that
+// bypasses it (programCosts).
 func benchProbes(o benchOptions, stdout io.Writer) error {
 	if os.Geteuid() != 0 {
 		return errors.New("needs root: it loads eBPF programs and attaches uprobes")
@@ -47,163 +47,262 @@ func benchProbes(o benchOptions, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "BENCH uprobe_hit_ns %.0f ns\n", hit)
 
-	// Throughput. These machines are shared and noisy, so the two sides run
-	// at the same time, each on a simulated machine of its own: the observed
-	// workload loads bin/simgpu/libcuda.so.1, which the observer (default
-	// settings: memory probes always, launch probes 50 ms every 5 s, /proc
-	// scans) attaches to; the reference loads a copy under a name no scan
-	// takes for libcuda (LD_PRELOAD, matched by its soname). Pairs where
-	// both sides load unobserved copies calibrate the two slots; pairs of
-	// each kind alternate, each one launch period long, so each measured
-	// pair holds one window. Other work on a shared machine now and then
-	// slows one side of a pair: the highest and lowest ratio of each kind
-	// are dropped, and the bench and its workloads run at a raised priority.
-	cfg := observe.DefaultConfig()
-	cfg.PinDir = "" // pinning costs nothing at run time, and needs no bpffs
-	cfg.Libraries = []string{lib}
-	obs, err := observe.Start(cfg)
-	if err != nil {
-		return fmt.Errorf("start observer: %w", err)
-	}
-	defer obs.Close()
-	ref, err := newSimMachine(1, "16Gi")
+	// Each workload runs in a cgroup of its own: a container.
+	parent, rels, err := makeBenchCgroups(2)
 	if err != nil {
 		return err
 	}
-	defer ref.close()
-	copies := map[string]string{}
-	for _, name := range []string{"ref", "calib"} {
-		copies[name] = filepath.Join(ref.dir, "simcuda-"+name+".so")
-		if err := copyFile(lib, copies[name]); err != nil {
-			return err
-		}
-	}
-	args := []string{"--label", "w", "--seconds", fmt.Sprint(cfg.LaunchPeriod.Seconds()),
-		"--kernels", "8", "--kernel-ns", "1000", "--batch", "32"}
-	var on, calib []float64 // observed/reference, calibration ratios
-	var onSteps, offSteps float64
-	const pairs = 3 // each run is a launch period (30 s by default) long
-	for i := 0; i < pairs; i++ {
-		for _, probed := range []bool{true, false} {
-			mainPreload := ""
-			if !probed {
-				mainPreload = copies["calib"]
-			}
-			main, other, err := concurrentSteps(m, mainPreload, ref, copies["ref"], args)
+	defer removeBenchCgroups(parent, rels)
+	t := probesTraining{m: m, secs: max(o.seconds, 10), ledgered: filepath.Join(filepath.Dir(parent), rels[0]),
+		bypassing: filepath.Join(filepath.Dir(parent), rels[1])}
+
+	// Throughput: rounds with the agent at its defaults (eBPF on) and with
+	// its eBPF off, alternating, the first of each pair taking turns.
+	const rounds = 3
+	var ratios []float64
+	for i := 0; i < rounds; i++ {
+		steps := map[bool]float64{}
+		for _, probed := range []bool{i%2 == 0, i%2 != 0} {
+			v, err := t.round(probed)
 			if err != nil {
-				return fmt.Errorf("launch throughput: %w", err)
+				return fmt.Errorf("training round %d: %w", i+1, err)
 			}
-			if probed {
-				on = append(on, main/other)
-				onSteps += main
-				offSteps += other
-			} else {
-				calib = append(calib, main/other)
-			}
+			steps[probed] = v
 		}
+		ratios = append(ratios, steps[true]/steps[false])
+		fmt.Fprintf(stdout, "BENCH probes_training_round%d_on_steps_per_sec %.2f steps/s\n", i+1, steps[true])
+		fmt.Fprintf(stdout, "BENCH probes_training_round%d_off_steps_per_sec %.2f steps/s\n", i+1, steps[false])
+		fmt.Fprintf(stdout, "BENCH probes_training_round%d_ratio %.4f ratio\n", i+1, steps[true]/steps[false])
 	}
-	// The same on the launching thread's CPU time per step, which other
-	// work on the machine hardly moves: each run spans one launch period
-	// (so one window), observed and unobserved runs alternate.
-	var cpuOn, cpuOff []float64
-	for i := 0; i < 2; i++ {
-		v, err := workloadFigureEnv(m, "", "launch_thread_cpu_us_per_step", args...)
-		if err != nil {
-			return fmt.Errorf("launch cpu: %w", err)
-		}
-		cpuOn = append(cpuOn, v)
-		if v, err = workloadFigureEnv(m, copies["calib"], "launch_thread_cpu_us_per_step", args...); err != nil {
-			return fmt.Errorf("launch cpu: %w", err)
-		}
-		cpuOff = append(cpuOff, v)
-	}
-	s, err := obs.Snapshot()
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "BENCH probes_on_steps_per_sec %.1f steps/s\n", onSteps/pairs)
-	fmt.Fprintf(stdout, "BENCH probes_off_steps_per_sec %.1f steps/s\n", offSteps/pairs)
-	fmt.Fprintf(stdout, "BENCH probes_launch_duty_ratio %.4f ratio\n", s.Launch.ObservedSeconds/s.Launch.ElapsedSeconds)
-	// How far apart the calibration pairs' ratios lie: the noise the ratio
-	// was measured against.
-	fmt.Fprintf(stdout, "BENCH probes_calibration_spread_ratio %.4f ratio\n", slices.Max(calib)-slices.Min(calib))
-	fmt.Fprintf(stdout, "BENCH probes_launch_throughput_ratio %.4f ratio\n", trimmedMean(on)/trimmedMean(calib))
-	// A launch-bound loop runs at the pace of its launching thread: the
-	// ratio of that thread's CPU per step is the throughput ratio with the
-	// machine's noise left out.
-	fmt.Fprintf(stdout, "BENCH probes_launch_cpu_per_step_on_us %.3f us\n", median(cpuOn))
-	fmt.Fprintf(stdout, "BENCH probes_launch_cpu_per_step_off_us %.3f us\n", median(cpuOff))
-	fmt.Fprintf(stdout, "BENCH probes_launch_cpu_throughput_ratio %.4f ratio\n", median(cpuOff)/median(cpuOn))
-	// Which program the cost above is spent in: one more observed run of
-	// the same loop, alone, with the kernel's run-time statistics on (they
-	// add two clock reads to every program run, so the runs above go
-	// without them).
-	return programCosts(obs.Probes(), m, args, stdout)
+	ratio := mean(ratios)
+	fmt.Fprintf(stdout, "BENCH probes_training_throughput_ratio %.4f ratio\n", ratio)
+	fmt.Fprintf(stdout, "BENCH probes_training_throughput_within_budget %d bool\n", b2i(ratio >= budgetProbesTraining))
+
+	// Which program the cost is spent in, with the kernel's run-time
+	// statistics on (they add two clock reads to every program run, so
+	// the rounds above go without them).
+	return t.programCosts(stdout)
 }
 
-// programCosts runs the training loop once, observed, with eBPF run-time
-// statistics on, and prints each of the agent's programs' runs per second
-// over it and its mean run time. The counts include every run on the
-// machine (the raw tracepoints run for every process), as an agent's would.
-func programCosts(p *probes.Probes, m *simMachine, args []string, stdout io.Writer) error {
+// budgetProbesTraining: the probes cost a training run at most 0.5% of its
+// throughput.
+const budgetProbesTraining = 0.995
+
+// probesTraining runs simgpu's training step (the shares bench's train_b32:
+// 64 kernels of uneven lengths, 20 us of host work before each launch, one
+// sync a step) on a simulated machine, under the interposer in one cgroup,
+// or bypassing it in another.
+type probesTraining struct {
+	m                   *simMachine
+	secs                float64
+	ledgered, bypassing string // cgroup directories
+}
+
+func trainingArgs(secs float64) []string {
+	return []string{"--label", "train", "--seconds", fmt.Sprint(secs), "--kernels", fmt.Sprint(trainingKernels), "--uneven", "--host-ns", "20000",
+		"--kernel-ns", fmt.Sprint(trainingBatch * 6250), "--batch", fmt.Sprint(trainingBatch), "--progress"}
+}
+
+const trainingBatch, trainingKernels = 32, 64
+
+// settle is how long a new process runs before it is measured: the agent
+// counts a new process's launches exactly until its view of the ledgers
+// (rebuilt every 4 s) shows the process in one, and asks again every second.
+const settle = 6 * time.Second
+
+// agent starts the agent at its defaults, with eBPF on or off.
+func (t probesTraining) agent(probes bool) (*exec.Cmd, error) {
+	cmd, _, err := t.m.startAgent("127.0.0.1:0", fmt.Sprintf("GPUWARDEN_EBPF_ENABLED=%t", probes))
+	return cmd, err
+}
+
+// workload starts a training run of secs seconds in its cgroup, under the
+// interposer when ledgered.
+func (t probesTraining) workload(ledgered bool, secs float64) (*exec.Cmd, *bytes.Buffer, error) {
+	dir := t.bypassing
+	cmd := t.m.workload(trainingArgs(secs)...)
+	if ledgered {
+		dir = t.ledgered
+		cmd.Env = append(cmd.Env, "LD_PRELOAD="+filepath.Join(t.m.bin, "libgpuwarden.so"),
+			"GPUWARDEN_CONTROL_DIR="+t.m.controlDir(), "GPUWARDEN_MEMORY_LIMIT=8Gi")
+	}
+	fd, err := syscall.Open(dir, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer syscall.Close(fd)
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
+	// Ahead of other work on a shared machine (see raisePriority).
+	if nice, err := exec.LookPath("nice"); err == nil {
+		cmd.Args = append([]string{"nice", "-n", fmt.Sprint(benchNice)}, cmd.Args...)
+		cmd.Path = nice
+	}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		return nil, nil, fmt.Errorf("start training run: %w", err)
+	}
+	return cmd, &out, nil
+}
+
+// finish waits for a training run and returns its steps per second.
+func finish(cmd *exec.Cmd, out *bytes.Buffer) (float64, error) {
+	if err := cmd.Wait(); err != nil {
+		return 0, fmt.Errorf("training run: %w: %s", err, out.String())
+	}
+	return benchFigure(out.String(), "steps_per_sec")
+}
+
+// round is a ledgered training run's steps per second, from settle on,
+// with the agent observing it (probed) or with the agent's eBPF off.
+func (t probesTraining) round(probed bool) (float64, error) {
+	agent, err := t.agent(probed)
+	if err != nil {
+		return 0, err
+	}
+	defer stopProcess(agent)
+	cmd, out, err := t.workload(true, settle.Seconds()+t.secs)
+	if err != nil {
+		return 0, err
+	}
+	if _, err := finish(cmd, out); err != nil {
+		return 0, err
+	}
+	return settledSteps(out.String())
+}
+
+// settledSteps is the steps per second a training run's progress lines
+// ("progress <unix time> <images> <device ms>") show from settle after the
+// first to the last.
+func settledSteps(out string) (float64, error) {
+	var t0, t1, i0, i1 float64
+	first := -1.0
+	for line := range strings.Lines(out) {
+		f := strings.Fields(line)
+		if len(f) != 4 || f[0] != "progress" {
+			continue
+		}
+		at, err1 := strconv.ParseFloat(f[1], 64)
+		images, err2 := strconv.ParseFloat(f[2], 64)
+		if err1 != nil || err2 != nil {
+			continue
+		}
+		if first < 0 {
+			first = at
+		}
+		if at-first < settle.Seconds() {
+			continue
+		}
+		if t0 == 0 {
+			t0, i0 = at, images
+		}
+		t1, i1 = at, images
+	}
+	if t1 <= t0 {
+		return 0, fmt.Errorf("training run: no progress after %v: %q", settle, out)
+	}
+	return (i1 - i0) / trainingBatch / (t1 - t0), nil
+}
+
+// programCosts prints, for each of the agent's eBPF programs, its runs per
+// second and mean run time over a ledgered training run, then over a
+// bypassing one: the exact launch program does not run for the ledgered
+// process, and runs once for each launch of the bypassing one. The counts
+// include every run on the machine, as an agent's would: the raw
+// tracepoints run for every process, and the exact launch program for
+// any other process that maps libcuda without a ledger. Each run is
+// measured from settle on.
+func (t probesTraining) programCosts(stdout io.Writer) error {
+	agent, err := t.agent(true)
+	if err != nil {
+		return err
+	}
+	defer stopProcess(agent)
 	stats, err := probes.EnableStats()
 	if err != nil {
 		return err
 	}
 	defer stats.Close()
-	before, err := p.ProgramStats()
-	if err != nil {
-		return err
-	}
-	start := time.Now()
-	if _, err := workloadFigureEnv(m, "", "steps_per_sec", args...); err != nil {
-		return fmt.Errorf("training run with eBPF statistics: %w", err)
-	}
-	secs := time.Since(start).Seconds()
-	after, err := p.ProgramStats()
-	if err != nil {
-		return err
-	}
-	for _, name := range slices.Sorted(maps.Keys(after)) {
-		runs := after[name].RunCount - before[name].RunCount
-		var nsPerHit float64
-		if runs > 0 {
-			nsPerHit = float64(after[name].Runtime-before[name].Runtime) / float64(runs)
+	for _, ledgered := range []bool{true, false} {
+		prefix := "probes_prog_"
+		if !ledgered {
+			prefix = "probes_bypass_prog_"
 		}
-		fmt.Fprintf(stdout, "BENCH probes_prog_%s_hits_per_sec %.3f hits/s\n", name, float64(runs)/secs)
-		fmt.Fprintf(stdout, "BENCH probes_prog_%s_ns_per_hit %.0f ns\n", name, nsPerHit)
+		cmd, out, err := t.workload(ledgered, settle.Seconds()+t.secs)
+		if err != nil {
+			return err
+		}
+		cg := t.ledgered
+		if !ledgered {
+			cg = t.bypassing
+		}
+		time.Sleep(settle)
+		before, err := probes.ProcessProgramStats(agent.Process.Pid)
+		exact0, err2 := exactLaunchesOf(agent.Process.Pid, cg)
+		if err := errors.Join(err, err2); err != nil {
+			cmd.Process.Kill()
+			cmd.Wait()
+			return err
+		}
+		start := time.Now()
+		time.Sleep(time.Duration(t.secs * float64(time.Second)))
+		after, err := probes.ProcessProgramStats(agent.Process.Pid)
+		exact1, err2 := exactLaunchesOf(agent.Process.Pid, cg)
+		secs := time.Since(start).Seconds()
+		steps, werr := finish(cmd, out)
+		if err := errors.Join(err, err2, werr); err != nil {
+			return err
+		}
+		for _, name := range slices.Sorted(maps.Keys(after)) {
+			runs := after[name].RunCount - before[name].RunCount
+			var nsPerHit float64
+			if runs > 0 {
+				nsPerHit = float64(after[name].Runtime-before[name].Runtime) / float64(runs)
+			}
+			fmt.Fprintf(stdout, "BENCH %s%s_hits_per_sec %.3f hits/s\n", prefix, name, float64(runs)/secs)
+			fmt.Fprintf(stdout, "BENCH %s%s_ns_per_hit %.0f ns\n", prefix, name, nsPerHit)
+		}
+		// The workload's own launches the exact probe counted: none of the
+		// ledgered one, every one of the bypassing one.
+		if ledgered {
+			fmt.Fprintf(stdout, "BENCH probes_ledgered_exact_launches_per_sec %.1f launches/s\n", float64(exact1-exact0)/secs)
+			continue
+		}
+		if steps, err = settledSteps(out.String()); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "BENCH probes_bypass_exact_launches_per_sec %.1f launches/s\n", float64(exact1-exact0)/secs)
+		fmt.Fprintf(stdout, "BENCH probes_bypass_launches_per_sec %.1f launches/s\n", steps*trainingKernels)
 	}
 	return nil
 }
 
-// concurrentSteps runs the training loop on two machines at once and
-// returns each one's steps per second; a non-empty preload runs it on that
-// copy of libcuda instead of bin/simgpu's.
-func concurrentSteps(a *simMachine, preloadA string, b *simMachine, preloadB string, args []string) (float64, float64, error) {
-	type result struct {
-		v   float64
-		err error
+// exactLaunchesOf is what the agent's exact launch probe counted for the
+// cgroup whose directory is dir (its id is the directory's inode).
+func exactLaunchesOf(agent int, dir string) (uint64, error) {
+	var st syscall.Stat_t
+	if err := syscall.Stat(dir, &st); err != nil {
+		return 0, err
 	}
-	run := func(m *simMachine, preload string, out chan<- result) {
-		v, err := workloadFigureEnv(m, preload, "steps_per_sec", args...)
-		out <- result{v, err}
+	counts, err := probes.ProcessExactLaunches(agent)
+	if err != nil {
+		return 0, err
 	}
-	ca, cb := make(chan result, 1), make(chan result, 1)
-	go run(a, preloadA, ca)
-	go run(b, preloadB, cb)
-	ra, rb := <-ca, <-cb
-	if err := errors.Join(ra.err, rb.err); err != nil {
-		return 0, 0, err
+	var n uint64
+	for k, v := range counts {
+		if k.Cgroup == st.Ino {
+			n += v
+		}
 	}
-	return ra.v, rb.v, nil
+	return n, nil
 }
 
-func copyFile(from, to string) error {
-	b, err := os.ReadFile(from)
-	if err != nil {
-		return err
+func mean(v []float64) float64 {
+	var sum float64
+	for _, x := range v {
+		sum += x
 	}
-	return os.WriteFile(to, b, 0o755)
+	return sum / float64(len(v))
 }
 
 // benchNice is the priority the probes bench runs at, itself and its
@@ -221,20 +320,6 @@ func raisePriority() {
 			_ = syscall.Setpriority(syscall.PRIO_PROCESS, tid, benchNice)
 		}
 	}
-}
-
-// trimmedMean is the mean without the lowest and highest values.
-func trimmedMean(v []float64) float64 {
-	s := slices.Clone(v)
-	slices.Sort(s)
-	if len(s) > 2 {
-		s = s[1 : len(s)-1]
-	}
-	var sum float64
-	for _, x := range s {
-		sum += x
-	}
-	return sum / float64(len(s))
 }
 
 // probeHitNS is the added cost of one launch with the launch probe attached.
@@ -272,16 +357,8 @@ func probeHitNS(m *simMachine, lib string, launches int) (float64, error) {
 // workloadFigure runs the workload and returns the value of its BENCH line
 // whose name ends in figure.
 func workloadFigure(m *simMachine, figure string, args ...string) (float64, error) {
-	return workloadFigureEnv(m, "", figure, args...)
-}
-
-// workloadFigureEnv is workloadFigure with libcuda preloaded from a copy.
-func workloadFigureEnv(m *simMachine, preload, figure string, args ...string) (float64, error) {
 	var stdout, stderr bytes.Buffer
 	cmd := m.workload(args...)
-	if preload != "" {
-		cmd.Env = append(cmd.Env, "LD_PRELOAD="+preload)
-	}
 	// Ahead of other work on a shared machine (see raisePriority).
 	if nice, err := exec.LookPath("nice"); err == nil {
 		cmd.Args = append([]string{"nice", "-n", fmt.Sprint(benchNice)}, cmd.Args...)
@@ -291,14 +368,23 @@ func workloadFigureEnv(m *simMachine, preload, figure string, args ...string) (f
 	if err := cmd.Run(); err != nil {
 		return 0, fmt.Errorf("workload %s: %w: %s", strings.Join(args, " "), err, stderr.String())
 	}
-	sc := bufio.NewScanner(&stdout)
+	v, err := benchFigure(stdout.String(), figure)
+	if err != nil {
+		return 0, fmt.Errorf("workload %s: %w", strings.Join(args, " "), err)
+	}
+	return v, nil
+}
+
+// benchFigure is the value of the BENCH line in out whose name ends in figure.
+func benchFigure(out, figure string) (float64, error) {
+	sc := bufio.NewScanner(strings.NewReader(out))
 	for sc.Scan() {
 		f := strings.Fields(sc.Text())
 		if len(f) >= 3 && f[0] == "BENCH" && strings.HasSuffix(f[1], "_"+figure) {
 			return strconv.ParseFloat(f[2], 64)
 		}
 	}
-	return 0, fmt.Errorf("workload %s printed no %s", strings.Join(args, " "), figure)
+	return 0, fmt.Errorf("no %s in %q", figure, out)
 }
 
 func median(v []float64) float64 {

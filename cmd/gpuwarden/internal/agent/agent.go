@@ -59,6 +59,9 @@ type Agent struct {
 	evicted  map[string]func() uint64 // idle connections each closed to admit new ones
 	closers  []func() error
 	wg       sync.WaitGroup
+
+	// ledgers is coll once made, for the probes' scan, which starts first.
+	ledgers atomic.Pointer[collector.Collector]
 }
 
 // Start starts every enabled part. Only a part the others cannot do without
@@ -104,6 +107,7 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 	}
 	src.Sessions = a.startRemote(cgroupFS, node)
 	a.coll = collector.New(node, version, src, log)
+	a.ledgers.Store(a.coll)
 	a.startProfiling(node)
 	if cfg.DevicePlugin.Enabled || cfg.Enforcement.Enabled {
 		// Before any container directory is adopted or made in it.
@@ -226,6 +230,17 @@ func (a *Agent) startEBPF() {
 	oc.ScanInterval = a.cfg.EBPF.ScanInterval
 	oc.LaunchWindow = a.cfg.EBPF.LaunchWindow
 	oc.LaunchPeriod = a.cfg.EBPF.LaunchPeriod
+	// A process its container's ledger counts needs no launch probe; the
+	// others' launches are counted exactly. Enforcing, the agent reads the
+	// ledgers every 4 s anyway; else the question reads them that often.
+	oc.Ledgered = func(pid int) bool {
+		c := a.ledgers.Load()
+		if c == nil {
+			return false
+		}
+		c.Refresh(context.Background(), 5*time.Second)
+		return c.InLedger(pid)
+	}
 	oc.Logger = a.log.With("part", "ebpf")
 	o, err := observe.Start(oc)
 	if errors.Is(err, probes.ErrNoBPFFS) {

@@ -132,7 +132,7 @@ var options = []option{
 	{"ebpf.libraries", []string{}, "", "libcuda paths attached at start, besides the one ldconfig knows"},
 	{"ebpf.ldconfigSoname", "libcuda.so.1", "", "the driver library looked up with `ldconfig -p` and attached at start; empty skips it"},
 	{"ebpf.scanInterval", 500 * time.Millisecond, "", "how often /proc/*/maps is scanned for other copies of libcuda; 0 turns scanning off"},
-	{"ebpf.launchWindow", 50 * time.Millisecond, "", "how long launch probes stay attached each launch period (a probe hit costs microseconds)"},
+	{"ebpf.launchWindow", 50 * time.Millisecond, "", "how long launch probes stay attached, at a random moment of each launch period, on processes whose ledger counts their launches (a probe hit costs microseconds; a process without a ledger has every launch counted); 0: no launch probes"},
 	{"ebpf.launchPeriod", 30 * time.Second, "", "the period of the launch probes' window (each attach and detach costs the observed processes about as much as the window itself)"},
 	{"nvml.enabled", true, "", "read devices, per-process memory and utilization through NVML"},
 	{"nvml.library", "", "", "path of libnvidia-ml.so.1; empty: the system's"},
