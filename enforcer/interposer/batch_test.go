@@ -107,3 +107,26 @@ func TestTicketBatchNotShared(t *testing.T) {
 	hs.resume()
 	hs.Wait()
 }
+
+// TestTicketBatchFitsTheStep: a thread that launches the same number of
+// kernels between synchronizes takes tickets for exactly those, once it has
+// seen one step: its batches end where the step does, and none lapse.
+func TestTicketBatchFitsTheStep(t *testing.T) {
+	b := newBox(t, 1, "16Gi")
+	b.openGate(1)
+	h := b.start("init", "ctx", "0", "launch", "20", "sync", "hold", "launch", "20", "sync", "launch", "20", "sync", "hold")
+	h.ready(t)
+	u, err := waitUsage(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer u.Close()
+	first := u.Issued(0)
+	h.resume()
+	h.ready(t)
+	if got := u.Issued(0) - first; got != 40 {
+		t.Errorf("two steps of 20 launches after the first took %d tickets, want 40", got)
+	}
+	h.resume()
+	h.Wait()
+}

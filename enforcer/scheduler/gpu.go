@@ -516,6 +516,15 @@ func (g *gpu) runClock(now time.Time, cfg Config) {
 			return
 		}
 		g.settleDrain(end)
+		// The owner's gate opens in this tick (release): its clock, and its
+		// slice, start now. The device idled since the drain ended for
+		// want of a tick, which is nobody's time: charged to the owner, it
+		// would cost a container that takes the device from another more
+		// than one that keeps it, and so the smaller share most.
+		g.clockAt = now
+		if g.owner != nil {
+			g.sliceStart = now
+		}
 	}
 	if o := g.owner; o != nil {
 		o.charge(float64(g.idleSince(o, now).Sub(g.clockAt)))

@@ -89,17 +89,22 @@ int gw_thread_dev(void) {
  * locked instruction, the ticket counter's compare-and-swap, for up to
  * GW_BATCH_MAX launches. A launch that returns leaves stores pending on
  * NVIDIA's driver, and a locked instruction after it waits for them all
- * (about 150 ns on an H200): a batch pays that once. A batch is at most a
- * quarter of the grant left, so the tickets it holds stay few where the
- * grant is short (long kernels); it lapses when the agent closes the gate
- * (gate.closes moves) or replaces the limits file, and in a fork child,
- * and a synchronize gives it up (gw_ticket_drop). Lapsed tickets are never
- * used: the agent counts them as taken, launched by nobody. */
+ * (about 150 ns on an H200): a batch pays that once. A batch lapses when
+ * the agent closes the gate (gate.closes moves) or replaces the limits
+ * file, and in a fork child, and a synchronize gives it up
+ * (gw_ticket_drop). Lapsed tickets are never used: the agent counts them
+ * as taken, launched by nobody. So that few lapse, a batch is at most a
+ * quarter of the grant left (the grant is short where kernels are long)
+ * and no more than the launches the thread has left before its next
+ * synchronize, if it made as many between its last two: a training step
+ * that launches the same kernels and synchronizes uses every ticket. */
 #define GW_BATCH_MAX 16
 struct gw_batch {
     uint64_t next, last;          /* tickets next..last are this thread's, unused */
     uint64_t closes;              /* gate.closes when they were taken */
     const struct gw_limits *l;    /* the limits file they were taken under */
+    uint32_t since_sync;          /* tickets used since this thread's last synchronize */
+    uint32_t per_sync;            /* those between its last two; 0: none seen */
 };
 static __thread struct gw_batch gw_batch[GW_MAX_DEVICES] __attribute__((tls_model("initial-exec")));
 
@@ -121,15 +126,17 @@ static uint64_t take_ticket(const struct gw_limits *l, struct gw_gate *g, int de
     if (__atomic_load_n(&l->abi_minor, __ATOMIC_RELAXED) < 4) return atomic_fetch_add(issued, 1) + 1;
     struct gw_batch *b = &gw_batch[dev];
     uint64_t closes = atomic_load_explicit(&g->closes, memory_order_acquire);
+    b->since_sync++;
     if (GW_LIKELY(b->closes == closes && b->l == l)) {
         uint64_t t = next_ticket(&b->next);
         if (GW_LIKELY(t <= b->last)) return t;
     }
-    uint64_t cur = atomic_load_explicit(issued, memory_order_relaxed), n;
+    uint64_t most = GW_BATCH_MAX, cur = atomic_load_explicit(issued, memory_order_relaxed), n;
+    if (b->per_sync >= b->since_sync && b->per_sync - b->since_sync + 1 < most) most = b->per_sync - b->since_sync + 1;
     do {
         uint64_t grant = atomic_load(&g->grant);
         n = grant > cur ? (grant - cur) / 4 : 0;
-        n = n < 1 ? 1 : n > GW_BATCH_MAX ? GW_BATCH_MAX : n;
+        n = n < 1 ? 1 : n > most ? most : n;
     } while (!atomic_compare_exchange_weak(issued, &cur, cur + n));
     /* last first and last again: a handler that runs in between finds the
      * batch empty and takes its own (which this one then replaces, unused) */
@@ -142,7 +149,11 @@ static uint64_t take_ticket(const struct gw_limits *l, struct gw_gate *g, int de
 }
 
 void gw_ticket_drop(int dev) {
-    if (dev >= 0 && dev < GW_MAX_DEVICES) gw_batch[dev].last = 0;
+    if (dev < 0 || dev >= GW_MAX_DEVICES) return;
+    struct gw_batch *b = &gw_batch[dev];
+    b->last = 0;
+    if (b->since_sync) b->per_sync = b->since_sync;
+    b->since_sync = 0;
 }
 
 void gw_tickets_atfork_child(void) { memset(gw_batch, 0, sizeof gw_batch); }

@@ -322,8 +322,10 @@ func (r *Run) Busy() map[string]uint64 {
 func (r *Run) GPU0() string { return r.gpu0.UUID }
 
 // Launches returns the gate tickets a container has taken on device 0:
-// one per launch, so the ratio of two containers' launches over a window
-// is the ratio of their rates.
+// one per launch (a workload that launches as many kernels every step uses
+// every ticket of its batches; the few a batch holds at a gate's close
+// lapse), so the ratio of two containers' launches over a window is the
+// ratio of their rates.
 func (r *Run) Launches(name string) uint64 {
 	u, err := controlblock.OpenUsage(controlblock.UsagePath(r.ctl(name), r.key))
 	if err != nil {
