@@ -141,7 +141,7 @@ func (e *Enforcement) ChangeContainer(name string, ch agentapi.ContainerChange) 
 	if ch.MemoryLimit != nil {
 		list, err := vocab.ParseMemoryList(*ch.MemoryLimit, controlblock.MaxDevices)
 		if err != nil {
-			return res, err
+			return res, fmt.Errorf("memoryLimit: %w", err)
 		}
 		copy(mem[:], list)
 		for _, d := range m.devices {

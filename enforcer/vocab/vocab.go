@@ -51,9 +51,16 @@ type Error struct {
 	Want    string // what the setting takes: "an integer from 1 to 1000"
 }
 
+// echoMax is the longest value an error repeats: a longer one (a hostile
+// request's megabytes) is named by its length.
+const echoMax = 64
+
 func (e *Error) Error() string {
 	v := strconv.Quote(e.Value)
-	if e.Value != "" && strings.Trim(e.Value, "-0123456789") == "" {
+	switch {
+	case len(e.Value) > echoMax:
+		v = fmt.Sprintf("(%d bytes)", len(e.Value))
+	case e.Value != "" && strings.Trim(e.Value, "-0123456789") == "":
 		v = e.Value // a number reads as itself
 	}
 	if e.Why != "" {

@@ -282,3 +282,17 @@ func TestCHeader(t *testing.T) {
 		}
 	}
 }
+
+// An error repeats a short value, and names a long one (a hostile request's
+// megabytes) by its length only.
+func TestErrorEchoesShortValuesOnly(t *testing.T) {
+	_, short := ParsePriority("urgent")
+	long := strings.Repeat("q", 1000)
+	_, err := ParsePriority(long)
+	if short == nil || !strings.Contains(short.Error(), `"urgent"`) {
+		t.Errorf("short value: %v; want it quoted", short)
+	}
+	if err == nil || strings.Contains(err.Error(), "qqqq") || !strings.Contains(err.Error(), "1000 bytes") || len(err.Error()) > 200 {
+		t.Errorf("long value: %q; want its length, not the value", err)
+	}
+}
