@@ -495,7 +495,7 @@ func (g *gpu) close(o *member, now time.Time) {
 	issued := o.c.usage.Issued(o.dev)
 	_ = o.c.limits.CloseGrant(o.dev, issued)
 	if g.draining != nil { // a drain not over yet ends here
-		g.settleDrain(now)
+		g.settleDrain(now, now)
 	}
 	// What passed the gate before it closed (a launch that waits has taken
 	// a ticket, and runs in a later slice).
@@ -515,16 +515,7 @@ func (g *gpu) runClock(now time.Time, cfg Config) {
 			g.clockAt = now
 			return
 		}
-		g.settleDrain(end)
-		// The owner's gate opens in this tick (release): its clock, and its
-		// slice, start now. The device idled since the drain ended for
-		// want of a tick, which is nobody's time: charged to the owner, it
-		// would cost a container that takes the device from another more
-		// than one that keeps it, and so the smaller share most.
-		g.clockAt = now
-		if g.owner != nil {
-			g.sliceStart = now
-		}
+		g.settleDrain(end, now)
 	}
 	if o := g.owner; o != nil {
 		o.charge(float64(g.idleSince(o, now).Sub(g.clockAt)))
@@ -575,18 +566,22 @@ func markTime(done uint64, now time.Time) time.Time {
 	return now.Add(-time.Duration(mono - min(done, mono)))
 }
 
-// settleDrain ends the drain at end: the previous owner is charged up to
-// there and the owner's clock, and slice, start there.
-func (g *gpu) settleDrain(end time.Time) {
+// settleDrain ends the drain at end, seen at now: the previous owner is
+// charged up to end, and the owner's clock and slice start now, when its
+// gate opens (release, in the same tick). The device idled in between for
+// want of a tick, which is nobody's time: charged to the owner, it would
+// cost a container that takes the device from another more than one that
+// keeps it, and so the smaller share most.
+func (g *gpu) settleDrain(end, now time.Time) {
 	d, o := g.draining, g.owner
 	g.draining = nil
 	if end.Before(g.clockAt) {
 		end = g.clockAt
 	}
 	d.charge(float64(end.Sub(g.clockAt)))
-	g.clockAt = end
+	g.clockAt = now
 	if o != nil {
-		g.sliceStart = end
+		g.sliceStart = now
 	}
 	if d != o { // the same member's next slice goes on counting
 		g.costFromSlice(d)
