@@ -53,11 +53,8 @@ func programStat(prog *ebpf.Program) (string, ProgramStat, error) {
 	if err != nil {
 		return "", ProgramStat{}, err
 	}
-	s, err := prog.Stats()
-	if err != nil {
-		return "", ProgramStat{}, err
-	}
-	return info.Name, ProgramStat{RunCount: s.RunCount, Runtime: s.Runtime}, nil
+	s, err := statOf(prog)
+	return info.Name, s, err
 }
 
 // ProcessExactLaunches is ExactLaunchCounts for an agent running as

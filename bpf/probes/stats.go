@@ -44,11 +44,20 @@ func (p *Probes) ProgramStats() (map[string]ProgramStat, error) {
 		if prog == nil {
 			continue
 		}
-		s, err := prog.Stats()
+		s, err := statOf(prog)
 		if err != nil {
 			return nil, fmt.Errorf("statistics of eBPF program %s: %w", name, err)
 		}
-		out[name] = ProgramStat{RunCount: s.RunCount, Runtime: s.Runtime}
+		out[name] = s
 	}
 	return out, nil
+}
+
+// statOf reads one program's counters.
+func statOf(prog *ebpf.Program) (ProgramStat, error) {
+	s, err := prog.Stats()
+	if err != nil {
+		return ProgramStat{}, err
+	}
+	return ProgramStat{RunCount: s.RunCount, Runtime: s.Runtime}, nil
 }
