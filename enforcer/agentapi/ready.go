@@ -38,7 +38,9 @@ func AwaitReady(cmd *exec.Cmd) (*Readiness, error) {
 
 // Wait returns the agent's HTTP address once it is ready. When the agent
 // exits first, or ctx ends, the error says which with the end of stderr
-// (the agent's log so far; nil: none to show).
+// (the agent's log so far; nil: none to show). A cmd.Stderr that is not an
+// *os.File is copied by a goroutine that may lag the exit: such a stderr
+// should call cmd.Wait first when the agent has exited, or lose its last lines.
 func (r *Readiness) Wait(ctx context.Context, stderr func() string) (string, error) {
 	// The agent holds the only write end now, so its exit ends the read.
 	_ = r.w.Close()

@@ -76,8 +76,9 @@ func TestReadyAfterExtraFiles(t *testing.T) {
 }
 
 func TestReadyAgentExitsFirst(t *testing.T) {
-	_, r, stderr := shell(t, `echo "level=ERROR msg=\"agent failed to start\" err=\"listen: address in use\"" >&2; exit 1`)
-	_, err := r.Wait(context.Background(), stderr.String)
+	cmd, r, stderr := shell(t, `echo "level=ERROR msg=\"agent failed to start\" err=\"listen: address in use\"" >&2; exit 1`)
+	// The exit ends the ready fd before exec's goroutine has copied stderr.
+	_, err := r.Wait(context.Background(), func() string { _ = cmd.Wait(); return stderr.String() })
 	if err == nil || !strings.Contains(err.Error(), "exited before it was ready") ||
 		!strings.Contains(err.Error(), "listen: address in use") {
 		t.Errorf("Wait = %v; want an early exit with the agent's stderr", err)

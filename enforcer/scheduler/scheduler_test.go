@@ -1,6 +1,7 @@
 package scheduler_test
 
 import (
+	"math"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -144,10 +145,32 @@ func TestWeightedOnH200Model(t *testing.T) {
 // context but launches nothing keeps its 2 slices.
 func TestWeightedIdlePartnerKeepsSlices(t *testing.T) {
 	r := start(t, scheduler.GPUSettings{Policy: policy.Weighted, PolicySet: true})
-	spawn(t, r, named(claims("GPUWARDEN_COMPUTE_WEIGHT=1"), "a", busyWork(4)),
+	spawn(t, r, named(claims("GPUWARDEN_COMPUTE_WEIGHT=1"), "a", busyWork(10)),
 		named(claims("GPUWARDEN_COMPUTE_WEIGHT=2"), "b", []string{"--hold"}))
+	planned(t, r, "a", 1./3)
 	s := shares(t, r, time.Second, 2500*time.Millisecond)
 	within(t, "a", s["a"], 0.1, 0.45)
+}
+
+// planned waits until the scheduler plans key's share at want. An idle
+// partner counts once the scheduler has seen the memory it holds, and it
+// reads an idle container's ledger only every few rounds: on a loaded
+// machine that can be seconds after the partner started.
+func planned(t *testing.T, r *simrun.Run, key string, want float64) {
+	t.Helper()
+	start := time.Now()
+	for {
+		for _, st := range r.Sched.Status() {
+			if st.Key == key && math.Abs(st.Target-want) < 0.01 {
+				t.Logf("%s planned at %.3f after %v", key, want, time.Since(start).Round(time.Millisecond))
+				return
+			}
+		}
+		if time.Since(start) > 15*time.Second {
+			t.Fatalf("%s not planned at %.3f within 15s: %+v", key, want, r.Sched.Status())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }
 
 // TestFairShareIdlePartner: 1/max_inst, whether or not the others are busy.
