@@ -363,7 +363,7 @@ func TestAttackRemoteHandshakeFlood(t *testing.T) {
 	}
 	if lines > 300 {
 		t.Errorf("the agent logged %d lines during the flood, want a few a second at most; the last:\n%s",
-			lines, lastLines(r.agent.Log(), 10))
+			lines, r.agent.LogTail(10))
 	}
 	if !strings.Contains(r.agent.Log(), "TLS handshake refused") || !strings.Contains(r.agent.Log(), "suppressed=") {
 		t.Errorf("the agent's log does not report the refused handshakes with a count of those held back")

@@ -18,8 +18,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/simmachine"
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
-
 	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 )
 
@@ -78,28 +78,28 @@ func runDemo(args []string, stdout, stderr io.Writer) int {
 
 func demo(listen string, every time.Duration, stop <-chan os.Signal, deadline <-chan time.Time, out io.Writer) error {
 	root := os.Geteuid() == 0
-	m, err := newSimMachine(1, "15Gi")
+	m, err := simmachine.New(1, "15Gi")
 	if err != nil {
 		return err
 	}
-	defer m.close()
-	ctl := m.controlDir()
-	fmt.Fprintf(out, "simulated GPU: 1 device, 15 GiB (simgpu state in %s)\n", m.dir)
+	defer m.Close()
+	ctl := m.ControlDir()
+	fmt.Fprintf(out, "simulated GPU: 1 device, 15 GiB (simgpu state in %s)\n", m.Dir)
 	if !root {
 		fmt.Fprintln(out, "note: not root, so no eBPF and no cgroups: the workloads share one cgroup, so each runs the"+
 			" interposer standalone (its quota holds, its weight does not), and the agent sees them as one"+
 			" unenforced cgroup through NVML; run `sudo make demo` for the whole picture")
 	}
 
-	agent, addr, err := m.startAgent(listen, fmt.Sprintf("GPUWARDEN_EBPF_ENABLED=%v", root))
+	agent, addr, err := m.StartAgent(listen, fmt.Sprintf("GPUWARDEN_EBPF_ENABLED=%v", root))
 	if err != nil {
 		return err
 	}
-	defer stopProcess(agent)
+	defer simmachine.StopProcess(agent)
 	fmt.Fprintf(out, "agent: http://%s (metrics: http://%s/metrics, API: http://%s/api/v1/containers)\n", addr, addr, addr)
 	if root {
 		fmt.Fprintf(out, "try: bin/gpuwarden smi --agent %s; bin/gpuwarden ctl --agent %s --token-file %s set /gpuwarden-demo-%d/demo-a --weight 3\n",
-			addr, addr, filepath.Join(m.dir, "token"), os.Getpid())
+			addr, addr, filepath.Join(m.Dir, "token"), os.Getpid())
 	}
 	fmt.Fprintln(out)
 
@@ -118,7 +118,7 @@ func demo(listen string, every time.Duration, stop <-chan os.Signal, deadline <-
 
 	time.Sleep(3 * time.Second) // let the agent see a few seconds of work
 	fmt.Fprintln(out)
-	if err := relay(out, exec.Command(filepath.Join(m.bin, "gpuwarden"), "smi", "--agent", addr)); err != nil {
+	if err := relay(out, exec.Command(filepath.Join(m.Bin, "gpuwarden"), "smi", "--agent", addr)); err != nil {
 		return err
 	}
 	prev := readDemoLaunches(addr)
@@ -140,8 +140,8 @@ func demo(listen string, every time.Duration, stop <-chan os.Signal, deadline <-
 	}
 }
 
-func (c *demoContainer) start(m *simMachine, ctl string, root bool) error {
-	c.cmd = m.workload(c.args...)
+func (c *demoContainer) start(m *simmachine.Machine, ctl string, root bool) error {
+	c.cmd = m.Workload(c.args...)
 	if c.env != nil {
 		if !root {
 			// Without cgroups every workload is in the same cgroup, which
@@ -149,7 +149,7 @@ func (c *demoContainer) start(m *simMachine, ctl string, root bool) error {
 			// control directory of its own (the interposer's standalone mode).
 			ctl = filepath.Join(filepath.Dir(ctl), "standalone-"+c.name)
 		}
-		c.cmd.Env = append(c.cmd.Env, "LD_PRELOAD="+filepath.Join(m.bin, "libgpuwarden.so"), "GPUWARDEN_CONTROL_DIR="+ctl)
+		c.cmd.Env = append(c.cmd.Env, "LD_PRELOAD="+filepath.Join(m.Bin, "libgpuwarden.so"), "GPUWARDEN_CONTROL_DIR="+ctl)
 		c.cmd.Env = append(c.cmd.Env, c.env...)
 	}
 	if root {

@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"sort"
+
+	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/bench"
 )
 
 // version is set at build time (-ldflags -X main.version=...).
@@ -21,7 +23,7 @@ type subcommand struct {
 var subcommands = map[string]subcommand{
 	"agent":     {"run the node agent (metrics, API, observation, enforcement)", runAgent},
 	"ctl":       {"change a container's or a GPU's settings at run time", runCtl},
-	"bench":     {"print benchmark figures as BENCH lines", runBench},
+	"bench":     {"print benchmark figures as BENCH lines", bench.Run},
 	"certs":     {"make a CA and certificates for remote GPU sessions", runCerts},
 	"demo":      {"run workloads on the simulated GPU and show what gpuwarden sees", runDemo},
 	"gpu-check": {"run the real-GPU check from a bundle (make gpu-check)", runGPUCheck},

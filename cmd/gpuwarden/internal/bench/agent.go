@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bufio"
@@ -16,6 +16,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/simmachine"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 )
@@ -46,11 +47,11 @@ func benchAgent(o benchOptions, stdout io.Writer) error {
 	if os.Geteuid() != 0 {
 		return errors.New("needs root (cgroups and eBPF)")
 	}
-	m, err := newSimMachine(1, "80Gi")
+	m, err := simmachine.New(1, "80Gi")
 	if err != nil {
 		return err
 	}
-	defer m.close()
+	defer m.Close()
 	_, stop, err := benchContainersOn(m, benchContainers)
 	defer stop()
 	if err != nil {
@@ -64,12 +65,12 @@ func benchAgent(o benchOptions, stdout io.Writer) error {
 }
 
 // benchObservation: the agent with the enforcer off.
-func benchObservation(m *simMachine, stdout io.Writer) error {
-	agent, addr, err := m.startAgent("127.0.0.1:0", "GPUWARDEN_ENFORCEMENT_ENABLED=false", profilesOn)
+func benchObservation(m *simmachine.Machine, stdout io.Writer) error {
+	agent, addr, err := m.StartAgent("127.0.0.1:0", "GPUWARDEN_ENFORCEMENT_ENABLED=false", profilesOn)
 	if err != nil {
 		return err
 	}
-	defer stopProcess(agent)
+	defer simmachine.StopProcess(agent)
 	// GPUWARDEN_BENCH_PROFILE=FILE saves a CPU profile of the agent while it
 	// is scraped (and FILE.enforcing one while it enforces).
 	profiled := make(chan error, 1)
@@ -116,12 +117,12 @@ func benchObservation(m *simMachine, stdout io.Writer) error {
 
 // benchEnforcement: the same containers with the enforcer on, every one of
 // them scheduled on the one GPU.
-func benchEnforcement(m *simMachine, stdout io.Writer) error {
-	agent, addr, err := m.startAgent("127.0.0.1:0", "GPUWARDEN_ENFORCEMENT_ENABLED=true", profilesOn)
+func benchEnforcement(m *simmachine.Machine, stdout io.Writer) error {
+	agent, addr, err := m.StartAgent("127.0.0.1:0", "GPUWARDEN_ENFORCEMENT_ENABLED=true", profilesOn)
 	if err != nil {
 		return err
 	}
-	defer stopProcess(agent)
+	defer simmachine.StopProcess(agent)
 	// Taking a container on costs more than holding it: the figures are
 	// taken once every container has its target share.
 	for start := time.Now(); ; {
@@ -200,7 +201,7 @@ func printAgentCost(stdout io.Writer, name string, idlePct float64, scrape time.
 // benchContainersOn makes n containers on m: each a cgroup with a live
 // process and a ledger naming both. It returns their cgroup paths and what
 // removes them (to call even after an error).
-func benchContainersOn(m *simMachine, n int) (rels []string, stop func(), err error) {
+func benchContainersOn(m *simmachine.Machine, n int) (rels []string, stop func(), err error) {
 	stop = func() {}
 	parent, rels, err := makeBenchCgroups(n)
 	if err != nil {
@@ -214,7 +215,7 @@ func benchContainersOn(m *simMachine, n int) (rels []string, stop func(), err er
 	if err != nil {
 		return nil, stop, err
 	}
-	return rels, stop, fillLedgers(m, m.controlDir(), parent, rels, sleepers)
+	return rels, stop, fillLedgers(m, m.ControlDir(), parent, rels, sleepers)
 }
 
 func makeBenchCgroups(n int) (string, []string, error) {
@@ -273,14 +274,14 @@ func stopSleepers(cmds []*exec.Cmd) {
 // fillLedgers runs one process under the interposer for a template ledger,
 // then writes a copy for every cgroup, naming that cgroup, its process (in
 // a live slot) and memory held on the device.
-func fillLedgers(m *simMachine, ctl, parent string, rels []string, procs []*exec.Cmd) error {
+func fillLedgers(m *simmachine.Machine, ctl, parent string, rels []string, procs []*exec.Cmd) error {
 	fd, err := syscall.Open(filepath.Join(filepath.Dir(parent), rels[0]), syscall.O_RDONLY|syscall.O_DIRECTORY, 0)
 	if err != nil {
 		return err
 	}
 	defer syscall.Close(fd)
-	cmd := m.workload("--alloc", "256Mi", "--steps", "1")
-	cmd.Env = append(cmd.Env, "LD_PRELOAD="+filepath.Join(m.bin, "libgpuwarden.so"), "GPUWARDEN_CONTROL_DIR="+ctl,
+	cmd := m.Workload("--alloc", "256Mi", "--steps", "1")
+	cmd.Env = append(cmd.Env, "LD_PRELOAD="+filepath.Join(m.Bin, "libgpuwarden.so"), "GPUWARDEN_CONTROL_DIR="+ctl,
 		"GPUWARDEN_MEMORY_LIMIT=8Gi")
 	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: fd}
 	if out, err := cmd.CombinedOutput(); err != nil {

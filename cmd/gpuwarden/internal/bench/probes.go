@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bufio"
@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gpuwarden/gpuwarden/bpf/probes"
+	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/simmachine"
 )
 
 func init() { benchSuites["probes"] = benchSuite{order: 20, run: benchProbes} }
@@ -32,12 +33,12 @@ func benchProbes(o benchOptions, stdout io.Writer) error {
 		return errors.New("needs root: it loads eBPF programs and attaches uprobes")
 	}
 	raisePriority()
-	m, err := newSimMachine(1, "16Gi")
+	m, err := simmachine.New(1, "16Gi")
 	if err != nil {
 		return err
 	}
-	defer m.close()
-	lib := filepath.Join(m.bin, "simgpu", "libcuda.so.1")
+	defer m.Close()
+	lib := filepath.Join(m.Bin, "simgpu", "libcuda.so.1")
 
 	// One probe hit: the launch loop's cost per call with and without the
 	// launch probe, alternating, medians of three.
@@ -93,7 +94,7 @@ const budgetProbesTraining = 0.995
 // sync a step) on a simulated machine, under the interposer in one cgroup,
 // or bypassing it in another.
 type probesTraining struct {
-	m                   *simMachine
+	m                   *simmachine.Machine
 	secs                float64
 	ledgered, bypassing string // cgroup directories
 }
@@ -112,7 +113,7 @@ const settle = 6 * time.Second
 
 // agent starts the agent at its defaults, with eBPF on or off.
 func (t probesTraining) agent(probes bool) (*exec.Cmd, error) {
-	cmd, _, err := t.m.startAgent("127.0.0.1:0", fmt.Sprintf("GPUWARDEN_EBPF_ENABLED=%t", probes))
+	cmd, _, err := t.m.StartAgent("127.0.0.1:0", fmt.Sprintf("GPUWARDEN_EBPF_ENABLED=%t", probes))
 	return cmd, err
 }
 
@@ -120,11 +121,11 @@ func (t probesTraining) agent(probes bool) (*exec.Cmd, error) {
 // interposer when ledgered.
 func (t probesTraining) workload(ledgered bool, secs float64) (*exec.Cmd, *bytes.Buffer, error) {
 	dir := t.bypassing
-	cmd := t.m.workload(trainingArgs(secs)...)
+	cmd := t.m.Workload(trainingArgs(secs)...)
 	if ledgered {
 		dir = t.ledgered
-		cmd.Env = append(cmd.Env, "LD_PRELOAD="+filepath.Join(t.m.bin, "libgpuwarden.so"),
-			"GPUWARDEN_CONTROL_DIR="+t.m.controlDir(), "GPUWARDEN_MEMORY_LIMIT=8Gi")
+		cmd.Env = append(cmd.Env, "LD_PRELOAD="+filepath.Join(t.m.Bin, "libgpuwarden.so"),
+			"GPUWARDEN_CONTROL_DIR="+t.m.ControlDir(), "GPUWARDEN_MEMORY_LIMIT=8Gi")
 	}
 	fd, err := syscall.Open(dir, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
 	if err != nil {
@@ -160,7 +161,7 @@ func (t probesTraining) round(probed bool) (float64, error) {
 	if err != nil {
 		return 0, err
 	}
-	defer stopProcess(agent)
+	defer simmachine.StopProcess(agent)
 	cmd, out, err := t.workload(true, settle.Seconds()+t.secs)
 	if err != nil {
 		return 0, err
@@ -217,7 +218,7 @@ func (t probesTraining) programCosts(stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	defer stopProcess(agent)
+	defer simmachine.StopProcess(agent)
 	stats, err := probes.EnableStats()
 	if err != nil {
 		return err
@@ -323,7 +324,7 @@ func raisePriority() {
 }
 
 // probeHitNS is the added cost of one launch with the launch probe attached.
-func probeHitNS(m *simMachine, lib string, launches int) (float64, error) {
+func probeHitNS(m *simmachine.Machine, lib string, launches int) (float64, error) {
 	p, err := probes.Open("", nil)
 	if err != nil {
 		return 0, err
@@ -356,9 +357,9 @@ func probeHitNS(m *simMachine, lib string, launches int) (float64, error) {
 
 // workloadFigure runs the workload and returns the value of its BENCH line
 // whose name ends in figure.
-func workloadFigure(m *simMachine, figure string, args ...string) (float64, error) {
+func workloadFigure(m *simmachine.Machine, figure string, args ...string) (float64, error) {
 	var stdout, stderr bytes.Buffer
-	cmd := m.workload(args...)
+	cmd := m.Workload(args...)
 	// Ahead of other work on a shared machine (see raisePriority).
 	if nice, err := exec.LookPath("nice"); err == nil {
 		cmd.Args = append([]string{"nice", "-n", fmt.Sprint(benchNice)}, cmd.Args...)

@@ -1,4 +1,9 @@
-package main
+// Package bench is `gpuwarden bench`: suites that measure one part each
+// on simgpu (the interposer's hot paths, the probes, the enforcer, the
+// shares, the agent, the remote pool) and print `BENCH <name> <value>
+// <unit>` lines. Figures that compare, with and without a part, are
+// measured side by side in one run, since these machines are noisy.
+package bench
 
 import (
 	"bufio"
@@ -8,6 +13,8 @@ import (
 	"io"
 	"sort"
 	"strings"
+
+	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/simmachine"
 )
 
 // benchOptions are the knobs every benchmark suite shares.
@@ -28,7 +35,9 @@ var benchSuites = map[string]benchSuite{
 	"simgpu": {order: 0, run: benchSimgpu},
 }
 
-func runBench(args []string, stdout, stderr io.Writer) int {
+// Run is `gpuwarden bench [--only SUITES] [--launches N] [--seconds S]`;
+// it returns the exit code.
+func Run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var o benchOptions
@@ -65,11 +74,11 @@ func runBench(args []string, stdout, stderr io.Writer) int {
 // benchSimgpu measures the simulated driver itself: the cost of a launch and
 // a training loop's rate.
 func benchSimgpu(o benchOptions, stdout io.Writer) error {
-	m, err := newSimMachine(1, "16Gi")
+	m, err := simmachine.New(1, "16Gi")
 	if err != nil {
 		return err
 	}
-	defer m.close()
+	defer m.Close()
 	if err := relayBench(m, stdout, "--label", "simgpu", "--launch-cost", fmt.Sprint(o.launches)); err != nil {
 		return fmt.Errorf("launch cost: %w", err)
 	}
@@ -78,9 +87,9 @@ func benchSimgpu(o benchOptions, stdout io.Writer) error {
 }
 
 // relayBench runs the workload and copies its BENCH lines to out.
-func relayBench(m *simMachine, out io.Writer, args ...string) error {
+func relayBench(m *simmachine.Machine, out io.Writer, args ...string) error {
 	var stdout, stderr bytes.Buffer
-	cmd := m.workload(args...)
+	cmd := m.Workload(args...)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("workload %s: %w: %s", strings.Join(args, " "), err, stderr.String())

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bufio"
@@ -15,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/simmachine"
 	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/pki"
 )
@@ -49,12 +50,12 @@ func benchRemote(o benchOptions, stdout io.Writer) error {
 	if os.Geteuid() != 0 {
 		return errors.New("needs root (network namespaces and cgroups)")
 	}
-	m, err := newSimMachine(1, "16Gi")
+	m, err := simmachine.New(1, "16Gi")
 	if err != nil {
 		return err
 	}
-	defer m.close()
-	creds := filepath.Join(m.dir, "pki")
+	defer m.Close()
+	creds := filepath.Join(m.Dir, "pki")
 	if err := benchCredentials(creds); err != nil {
 		return err
 	}
@@ -72,7 +73,7 @@ func benchRemote(o benchOptions, stdout io.Writer) error {
 		return err
 	}
 	parent := fmt.Sprintf("gpuwarden-bench-remote-%d", os.Getpid())
-	agent, _, err := m.startAgentIn(server.path, "127.0.0.1:0",
+	agent, _, err := m.StartAgentIn(server.path, "127.0.0.1:0",
 		// What is measured is the link: no probes, and no scheduler that
 		// would share the GPU between the run measured and the sessions
 		// and containers that just ended.
@@ -80,12 +81,12 @@ func benchRemote(o benchOptions, stdout io.Writer) error {
 		"GPUWARDEN_REMOTE_ENABLED=true", "GPUWARDEN_REMOTE_LISTEN=0.0.0.0:7070",
 		"GPUWARDEN_REMOTE_CERT="+filepath.Join(creds, "server.crt"), "GPUWARDEN_REMOTE_KEY="+filepath.Join(creds, "server.key"),
 		"GPUWARDEN_REMOTE_CA="+filepath.Join(creds, "ca.crt"), "GPUWARDEN_REMOTE_CGROUP_PARENT="+parent,
-		"LD_LIBRARY_PATH="+filepath.Join(m.bin, "simgpu"))
+		"LD_LIBRARY_PATH="+filepath.Join(m.Bin, "simgpu"))
 	if err != nil {
 		return err
 	}
 	defer func() {
-		stopProcess(agent)
+		simmachine.StopProcess(agent)
 		if mnt, err := hostcgroup.Mount("/proc/self/mountinfo"); err == nil {
 			_ = os.Remove(filepath.Join(mnt, parent))
 		}
@@ -193,7 +194,7 @@ func (r *remoteRunner) compare(f figure, stdout io.Writer) error {
 			}
 			if err != nil {
 				time.Sleep(2 * time.Second) // for the agent to log how the session's worker ended
-				log, _ := os.ReadFile(filepath.Join(r.m.dir, "agent.log"))
+				log, _ := os.ReadFile(filepath.Join(r.m.Dir, "agent.log"))
 				return fmt.Errorf("%w\nthe agent's log ends:\n%s", err, lastLines(string(log), 15))
 			}
 			v, ok := out[f.key]
@@ -251,7 +252,7 @@ func benchCredentials(dir string) error {
 // remoteRunner runs a program of bin/simgpu locally (a container on the GPU
 // node) or through `gpuwarden run --remote`, and reads its BENCH lines.
 type remoteRunner struct {
-	m        *simMachine
+	m        *simmachine.Machine
 	creds    string
 	nets     []benchNet
 	setNetem func(on bool)
@@ -269,16 +270,16 @@ func (r *remoteRunner) net(name string) benchNet {
 func (r *remoteRunner) local(prog string, args ...string) (map[string]float64, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), benchRunTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(r.m.bin, prog), args...)
-	cmd.Env = append(r.m.env(), "LD_PRELOAD="+filepath.Join(r.m.bin, "libgpuwarden.so"),
-		"GPUWARDEN_CONTROL_DIR="+r.m.controlDir(), "GPUWARDEN_MEMORY_LIMIT=8Gi")
+	cmd := exec.CommandContext(ctx, filepath.Join(r.m.Bin, prog), args...)
+	cmd.Env = append(r.m.Env(), "LD_PRELOAD="+filepath.Join(r.m.Bin, "libgpuwarden.so"),
+		"GPUWARDEN_CONTROL_DIR="+r.m.ControlDir(), "GPUWARDEN_MEMORY_LIMIT=8Gi")
 	return benchLines(cmd)
 }
 
 func (r *remoteRunner) remote(n benchNet, prog string, args ...string) (map[string]float64, error) {
-	all := []string{"--net=" + n.netns, "--", filepath.Join(r.m.bin, "gpuwarden"), "run", "--remote", n.addr,
+	all := []string{"--net=" + n.netns, "--", filepath.Join(r.m.Bin, "gpuwarden"), "run", "--remote", n.addr,
 		"--memory", "0.5", "--cert", filepath.Join(r.creds, "client.crt"), "--key", filepath.Join(r.creds, "client.key"),
-		"--ca", filepath.Join(r.creds, "ca.crt"), "--", filepath.Join(r.m.bin, prog)}
+		"--ca", filepath.Join(r.creds, "ca.crt"), "--", filepath.Join(r.m.Bin, prog)}
 	ctx, cancel := context.WithTimeout(context.Background(), benchRunTimeout)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "nsenter", append(all, args...)...)

@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"bytes"
@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/simmachine"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 )
@@ -29,14 +30,14 @@ func init() { benchSuites["interposer"] = benchSuite{order: 10, run: benchInterp
 // last row is what a locked add right after such a launch costs: the
 // regression a locked instruction on the launch path would be on an H200.
 func benchInterposer(o benchOptions, stdout io.Writer) error {
-	m, err := newSimMachine(1, "16Gi")
+	m, err := simmachine.New(1, "16Gi")
 	if err != nil {
 		return err
 	}
-	defer m.close()
-	bench := filepath.Join(m.bin, "interposer", "gw-bench")
-	lib := filepath.Join(m.bin, "libgpuwarden.so")
-	gatedCtl := filepath.Join(m.dir, "ctl-gated")
+	defer m.Close()
+	bench := filepath.Join(m.Bin, "interposer", "gw-bench")
+	lib := filepath.Join(m.Bin, "libgpuwarden.so")
+	gatedCtl := filepath.Join(m.Dir, "ctl-gated")
 	lim, err := openBenchGate(gatedCtl)
 	if err != nil {
 		return err
@@ -44,9 +45,9 @@ func benchInterposer(o benchOptions, stdout io.Writer) error {
 	defer lim.Close()
 	run := func(preload bool, mode string, n int, env ...string) (float64, error) {
 		cmd := exec.Command(bench, mode, strconv.Itoa(n))
-		cmd.Env = append(m.env(), env...)
+		cmd.Env = append(m.Env(), env...)
 		if preload {
-			ctl := filepath.Join(m.dir, "ctl")
+			ctl := filepath.Join(m.Dir, "ctl")
 			if slices.Contains(env, benchGated) {
 				ctl = gatedCtl
 				lim.Heartbeat()

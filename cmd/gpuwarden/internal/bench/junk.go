@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"errors"
@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/simmachine"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 )
 
@@ -26,22 +27,22 @@ func benchJunk(o benchOptions, stdout io.Writer) error {
 	if os.Geteuid() != 0 {
 		return errors.New("needs root (cgroups and eBPF)")
 	}
-	m, err := newSimMachine(1, "16Gi")
+	m, err := simmachine.New(1, "16Gi")
 	if err != nil {
 		return err
 	}
-	defer m.close()
-	ctl := m.controlDir()
+	defer m.Close()
+	ctl := m.ControlDir()
 	rels, stop, err := benchContainersOn(m, 1)
 	defer stop()
 	if err != nil {
 		return err
 	}
-	agent, _, err := m.startAgent("127.0.0.1:0")
+	agent, _, err := m.StartAgent("127.0.0.1:0")
 	if err != nil {
 		return err
 	}
-	defer stopProcess(agent)
+	defer simmachine.StopProcess(agent)
 	idle := func(settle time.Duration) (float64, error) {
 		time.Sleep(settle)
 		d, err := cpuOver(agent.Process.Pid, benchIdleWindow, nil)

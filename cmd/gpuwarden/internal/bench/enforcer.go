@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"fmt"
@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/simmachine"
 	"github.com/gpuwarden/gpuwarden/enforcer/policy"
 	"github.com/gpuwarden/gpuwarden/enforcer/scheduler"
 	"github.com/gpuwarden/gpuwarden/enforcer/scheduler/simrun"
@@ -41,7 +42,7 @@ type enforcerRow struct {
 // with an idle partner, a CUDA-graph and a sync-every-launch workload. The
 // budget is an achieved share within 5% of target on every row.
 func benchEnforcer(o benchOptions, stdout io.Writer) error {
-	bin, err := binDir()
+	bin, err := simmachine.BinDir()
 	if err != nil {
 		return err
 	}

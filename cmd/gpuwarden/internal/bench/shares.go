@@ -1,4 +1,4 @@
-package main
+package bench
 
 import (
 	"fmt"
@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/simmachine"
 	"github.com/gpuwarden/gpuwarden/enforcer/policy"
 	"github.com/gpuwarden/gpuwarden/enforcer/scheduler"
 	"github.com/gpuwarden/gpuwarden/enforcer/scheduler/simrun"
@@ -41,7 +42,7 @@ type sharesPolicy struct {
 // target, every run within 5%, and the pair's rate at least 0.95 of the same
 // pair ungated.
 func benchShares(o benchOptions, stdout io.Writer) error {
-	bin, err := binDir()
+	bin, err := simmachine.BinDir()
 	if err != nil {
 		return err
 	}
