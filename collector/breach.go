@@ -7,7 +7,7 @@ import (
 
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
 
-	"github.com/gpuwarden/gpuwarden/collector/claims"
+	"github.com/gpuwarden/gpuwarden/collector/ledgertrust"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 )
 
@@ -109,7 +109,7 @@ func newJudge() judge {
 // gpuProc is a process NVML lists on a device, as the agent identified it.
 type gpuProc struct {
 	hostPID int
-	id      claims.Proc
+	id      ledgertrust.Proc
 	ok      bool // identified (else it exited meanwhile)
 }
 
@@ -207,7 +207,7 @@ func (j *joiner) contextBytes() uint64 { return max(j.c.src.NVMLContextBytes, me
 func (j *joiner) unledgered(k Key, l *ledger) (agentapi.Breach, bool) {
 	var ps []agentapi.Process
 	for _, p := range j.procs[k] {
-		if p.ok && !claims.InSlots(p.id, l.usage.Procs) {
+		if p.ok && !ledgertrust.InSlots(p.id, l.usage.Procs) {
 			ps = append(ps, agentapi.Process{PID: p.hostPID, StartTime: p.id.StartTime})
 		}
 	}

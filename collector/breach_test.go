@@ -6,7 +6,7 @@ import (
 
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
 
-	"github.com/gpuwarden/gpuwarden/collector/claims"
+	"github.com/gpuwarden/gpuwarden/collector/ledgertrust"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 )
 
@@ -81,11 +81,11 @@ func TestCompare(t *testing.T) {
 		want  []string
 	}{
 		{"within quota and ledger", agentapi.ContainerDevice{MemoryUsedBytes: gib, MemorySource: "ebpf", MemoryLimitBytes: 2 * gib, LedgerBytes: gib + 64<<20},
-			ledgerWith(gib+64<<20, gib, 5), []gpuProc{{10, claims.Proc{NSPid: 5, StartTime: 42}, true}}, gib + 300<<20, nil},
+			ledgerWith(gib+64<<20, gib, 5), []gpuProc{{10, ledgertrust.Proc{NSPid: 5, StartTime: 42}, true}}, gib + 300<<20, nil},
 		{"forged reserve", agentapi.ContainerDevice{MemoryUsedBytes: 3 * gib, MemorySource: "ebpf", MemoryLimitBytes: 2 * gib},
 			ledgerWith(0, gib, 5), nil, 0, []string{BreachOverLimit, BreachOverLedger, BreachBadLedger}},
 		{"a process in no slot", agentapi.ContainerDevice{MemoryUsedBytes: gib, MemorySource: "nvml", MemoryLimitBytes: 2 * gib, LedgerBytes: gib, PIDs: []int{10, 11}},
-			ledgerWith(gib, gib, 5), []gpuProc{{10, claims.Proc{NSPid: 5, StartTime: 42}, true}, {11, claims.Proc{NSPid: 6, StartTime: 43}, true}},
+			ledgerWith(gib, gib, 5), []gpuProc{{10, ledgertrust.Proc{NSPid: 5, StartTime: 42}, true}, {11, ledgertrust.Proc{NSPid: 6, StartTime: 43}, true}},
 			gib, []string{BreachUnledgered}},
 		{"a limit lowered below what it holds", agentapi.ContainerDevice{MemoryUsedBytes: gib, MemorySource: "ebpf", MemoryLimitBytes: 512 << 20, LedgerBytes: gib + 64<<20},
 			ledgerWith(gib+64<<20, gib, 5), nil, 0, nil},
@@ -94,12 +94,12 @@ func TestCompare(t *testing.T) {
 		// Two processes of the container's slots; one allocated through a
 		// copy of libcuda the probes were not attached to yet.
 		{"NVML sees what eBPF missed", agentapi.ContainerDevice{MemoryUsedBytes: 512 << 20, MemorySource: "ebpf", MemoryLimitBytes: gib, LedgerBytes: 512<<20 + 128<<20},
-			ledgerWith(512<<20+128<<20, 512<<20, 5), []gpuProc{{10, claims.Proc{NSPid: 5, StartTime: 42}, true}},
+			ledgerWith(512<<20+128<<20, 512<<20, 5), []gpuProc{{10, ledgertrust.Proc{NSPid: 5, StartTime: 42}, true}},
 			3*gib + 512<<20, []string{BreachOverLimit, BreachOverLedger}},
 		{"NVML's contexts are no breach", agentapi.ContainerDevice{MemoryUsedBytes: gib, MemorySource: "ebpf", MemoryLimitBytes: 2 * gib, LedgerBytes: gib + 64<<20},
-			ledgerWith(gib+64<<20, gib, 5), []gpuProc{{10, claims.Proc{NSPid: 5, StartTime: 42}, true}}, gib + 500<<20, nil},
+			ledgerWith(gib+64<<20, gib, 5), []gpuProc{{10, ledgertrust.Proc{NSPid: 5, StartTime: 42}, true}}, gib + 500<<20, nil},
 		{"NVML alone, within its context allowance", agentapi.ContainerDevice{MemoryUsedBytes: gib + 500<<20, MemorySource: "nvml", MemoryLimitBytes: 2 * gib, LedgerBytes: gib + 64<<20},
-			ledgerWith(gib+64<<20, gib, 5), []gpuProc{{10, claims.Proc{NSPid: 5, StartTime: 42}, true}}, gib + 500<<20, nil},
+			ledgerWith(gib+64<<20, gib, 5), []gpuProc{{10, ledgertrust.Proc{NSPid: 5, StartTime: 42}, true}}, gib + 500<<20, nil},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			j := &joiner{c: &Collector{src: Sources{NVMLContextBytes: 512 << 20}}, procs: map[Key][]gpuProc{k: tt.procs},

@@ -8,7 +8,7 @@ import (
 
 	"github.com/gpuwarden/gpuwarden/bpf/observe"
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
-	"github.com/gpuwarden/gpuwarden/collector/claims"
+	"github.com/gpuwarden/gpuwarden/collector/ledgertrust"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/enforcer/membership"
 	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
@@ -187,15 +187,15 @@ func (j *joiner) verifyLedgers(in *inputs) (out map[uint64]*ledger, rejected []*
 	return out, rejected
 }
 
-// assigned is the kubelet's word on a directory, for claims.Verify.
-func (j *joiner) assigned() claims.Assigned {
+// assigned is the kubelet's word on a directory, for ledgertrust.Verify.
+func (j *joiner) assigned() ledgertrust.Assigned {
 	if j.labels == nil {
 		return nil
 	}
 	return assignedBy(j.labels)
 }
 
-func assignedBy(labels LabelFunc) claims.Assigned {
+func assignedBy(labels LabelFunc) ledgertrust.Assigned {
 	return func(dir, path string) bool {
 		_, _, _, ok := labels(dir, path)
 		return ok
@@ -270,7 +270,7 @@ func (j *joiner) addNVML(devs []nvmldev.Device) {
 func (j *joiner) identify(pid int) gpuProc {
 	p, ok := j.c.procIDs[pid]
 	if !ok {
-		id, err := claims.Identify(j.c.src.ProcRoot, pid)
+		id, err := ledgertrust.Identify(j.c.src.ProcRoot, pid)
 		p = gpuProc{hostPID: pid, id: id, ok: err == nil}
 	}
 	j.seenPIDs[pid] = p

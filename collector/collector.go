@@ -12,7 +12,7 @@ import (
 
 	"github.com/gpuwarden/gpuwarden/bpf/observe"
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
-	"github.com/gpuwarden/gpuwarden/collector/claims"
+	"github.com/gpuwarden/gpuwarden/collector/ledgertrust"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/enforcer/membership"
 	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
@@ -33,7 +33,7 @@ type Sources struct {
 	// cgroup path (its certificate's identity); nil: no remote sessions.
 	Sessions func(cgroupPath string) (namespace, pod, container string, ok bool)
 	// Claims checks each ledger's cgroup claim; nil: no ledger is believed.
-	Claims   *claims.Verifier
+	Claims   *ledgertrust.Verifier
 	ProcRoot string
 	// CgroupNSRoot is the host path of the agent's cgroup namespace root,
 	// which processes' cgroup paths are relative to ("" or "/": none).
@@ -151,8 +151,8 @@ func (c *Collector) logBadLedgers(bad []agentapi.BadLedger) {
 }
 
 // Assigned is the kubelet's assignment of control directories as of the
-// last view, for claims.Verify; nil off Kubernetes.
-func (c *Collector) Assigned() claims.Assigned {
+// last view, for ledgertrust.Verify; nil off Kubernetes.
+func (c *Collector) Assigned() ledgertrust.Assigned {
 	l := c.labels.Load()
 	if l == nil || *l == nil {
 		return nil

@@ -4,7 +4,7 @@ import (
 	"context"
 	"time"
 
-	"github.com/gpuwarden/gpuwarden/collector/claims"
+	"github.com/gpuwarden/gpuwarden/collector/ledgertrust"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 )
@@ -44,8 +44,8 @@ func (c *Collector) InLedger(pid int) bool {
 	if !ok {
 		return false
 	}
-	p, err := claims.Identify(c.src.ProcRoot, pid)
-	return err == nil && claims.InSlots(p, procs)
+	p, err := ledgertrust.Identify(c.src.ProcRoot, pid)
+	return err == nil && ledgertrust.InSlots(p, procs)
 }
 
 // Refresh builds a view unless the last one is younger than age, so

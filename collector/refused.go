@@ -5,7 +5,7 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/gpuwarden/gpuwarden/collector/claims"
+	"github.com/gpuwarden/gpuwarden/collector/ledgertrust"
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 )
@@ -105,7 +105,7 @@ func (j *joiner) writersOf(l *ledger, owner uint64) (holders map[uint64][]agenta
 			switch {
 			case j.c.refused.maps[holding{p.hostPID, p.id.StartTime, l.file}]:
 				holders[k.Cgroup] = append(holders[k.Cgroup], proc)
-			case claims.InSlots(p.id, l.usage.Procs) && k.Cgroup != owner:
+			case ledgertrust.InSlots(p.id, l.usage.Procs) && k.Cgroup != owner:
 				framed = append(framed, proc)
 			}
 		}

@@ -13,7 +13,7 @@ chart-test: $(BIN)/gpuwarden ## Lint and render the Helm chart with Helm's Go pa
 
 TEST_EXTRA += chart-test
 
-# The real-GPU check (deploy/gpu-check, deploy/gpucheck): everything a bare
+# The real-GPU check (deploy/gpucheck, its bundle's sources in deploy/gpucheck/bundle): everything a bare
 # GPU machine needs, in one directory that is copied there and run as
 # `bin/gpu-check/run.sh OUTDIR`. Its tools link libcuda.so.1 without an
 # rpath, so on a GPU machine they load NVIDIA's driver; simgpu's copy rides
@@ -25,8 +25,8 @@ GPU_CHECK_MAX := 62914560 # 60 MiB
 .PHONY: gpu-check
 gpu-check: build ## Build the real-GPU check's bundle into bin/gpu-check (run.sh OUTDIR runs it)
 	@rm -rf $(GPU_CHECK) && mkdir -p $(GPU_CHECK)/bin $(GPU_CHECK)/lib $(GPU_CHECK)/tools $(GPU_CHECK)/simgpu $(GPU_CHECK)/include/simgpu $(GPU_CHECK)/src
-	cp deploy/gpu-check/run.sh $(GPU_CHECK)/
-	cp deploy/gpu-check/cuda_paths.cu deploy/gpu-check/train.py deploy/gpu-check/torch_quota.py $(GPU_CHECK)/src/
+	cp deploy/gpucheck/bundle/run.sh $(GPU_CHECK)/
+	cp deploy/gpucheck/bundle/cuda_paths.cu deploy/gpucheck/bundle/train.py deploy/gpucheck/bundle/torch_quota.py $(GPU_CHECK)/src/
 	cp $(BIN)/gpuwarden $(GPU_CHECK)/bin/
 	cp $(BIN)/libgpuwarden.so $(GPU_CHECK)/lib/
 	cp $(BIN)/simgpu/libcuda.so.1 $(BIN)/simgpu/libnvidia-ml.so.1 $(BIN)/simgpu/workload $(GPU_CHECK)/simgpu/
@@ -34,10 +34,10 @@ gpu-check: build ## Build the real-GPU check's bundle into bin/gpu-check (run.sh
 	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -Werror -pthread -Isimgpu/include -o $(GPU_CHECK)/tools/cuda-alloc \
 		bpf/testdata/cuda_alloc.c -L$(BIN)/simgpu -l:libcuda.so.1
 	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -Werror -pthread -Isimgpu/include -o $(GPU_CHECK)/tools/calibrate \
-		deploy/gpu-check/calibrate.c -L$(BIN)/simgpu -l:libcuda.so.1 -l:libnvidia-ml.so.1
+		deploy/gpucheck/bundle/calibrate.c -L$(BIN)/simgpu -l:libcuda.so.1 -l:libnvidia-ml.so.1
 	$(foreach s,tail:0 add:1 lock:2,$(CC) -std=gnu11 -O2 -g -Wall -Wextra -Werror -fPIC -shared -Isimgpu/include \
 		-DGW_SHIM_AFTER=$(lastword $(subst :, ,$(s))) -o $(GPU_CHECK)/lib/launch-shim-$(firstword $(subst :, ,$(s))).so \
-		deploy/gpu-check/launch_shim.c -ldl &&) true
+		deploy/gpucheck/bundle/launch_shim.c -ldl &&) true
 	@size=$$(du -sb $(GPU_CHECK) | cut -f1); echo "gpu-check: $(GPU_CHECK) is $$((size / 1048576)) MiB"; \
 		[ $$size -le $(GPU_CHECK_MAX) ] || { echo "gpu-check: the bundle is over 60 MiB" >&2; exit 1; }
 

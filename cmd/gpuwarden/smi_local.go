@@ -12,7 +12,7 @@ import (
 
 	"github.com/gpuwarden/gpuwarden/collector"
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
-	"github.com/gpuwarden/gpuwarden/collector/claims"
+	"github.com/gpuwarden/gpuwarden/collector/ledgertrust"
 	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
 )
@@ -58,7 +58,7 @@ func openLocal(controlDir, nvmlLibrary string) (*localView, error) {
 
 	if root, err := hostcgroup.Mount("/proc/self/mountinfo"); err == nil {
 		src.Cgroups = cgroups.NewResolver(root)
-		src.Claims = claims.NewVerifier(src.Cgroups, root, src.ProcRoot)
+		src.Claims = ledgertrust.NewVerifier(src.Cgroups, root, src.ProcRoot)
 	} else {
 		l.notes = append(l.notes, fmt.Sprintf("cgroup v2 not found (%v): the control blocks cannot be checked against their cgroups and are not shown.", err))
 	}

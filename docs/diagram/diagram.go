@@ -59,7 +59,7 @@ var boxes = []box{
 	{id: "http", c: 0, r: 1, kind: agent, lines: []string{"HTTP server", "/metrics, /api/v1, /readyz"}},
 	{id: "deviceplugin", c: 1, r: 1, kind: agent, lines: []string{"device plugin", "deploy/deviceplugin"}},
 	{id: "membership", c: 2, r: 1, kind: agent, lines: []string{"membership, settings", "enforcer/membership"}},
-	{id: "changeapi", c: 3, r: 1, kind: agent, lines: []string{"change API", "enforcer/control"}},
+	{id: "changeapi", c: 3, r: 1, kind: agent, lines: []string{"change API", "enforcer/changeapi"}},
 
 	{id: "collector", c: 0, r: 2, kind: agent, lines: []string{"collector", "view, metrics, breach judge"}},
 	{id: "ebpf", c: 1, r: 2, kind: agent, lines: []string{"eBPF observer", "bpf/: uprobes, pinned maps"}},

@@ -100,7 +100,7 @@ type BadLedger struct {
 }
 
 // RefusedLedger is a control directory whose ledger reads but does not
-// speak for the cgroup it names (claims.Verifier's reason). Writers are the
+// speak for the cgroup it names (ledgertrust.Verifier's reason). Writers are the
 // cgroups held to account for it: those of the processes that map it and,
 // when its slots name processes of other containers, the cgroup its
 // directory belongs to. A refusal with no writer (a ledger left by a

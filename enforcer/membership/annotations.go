@@ -10,7 +10,7 @@ import (
 // gpuwarden.io annotations, where `gpuwarden ctl` did not set its settings
 // (settings.Resolve). A malformed annotation is logged and changes nothing
 // (never "no limit").
-func (e *Enforcement) Annotate(cgroup uint64, pod, container string, annotations map[string]string) {
+func (e *Members) Annotate(cgroup uint64, pod, container string, annotations map[string]string) {
 	m := e.memberOf(cgroup)
 	if m == nil {
 		return
@@ -49,7 +49,7 @@ func (e *Enforcement) Annotate(cgroup uint64, pod, container string, annotations
 	}
 }
 
-func (e *Enforcement) memberOf(cgroup uint64) *member {
+func (e *Members) memberOf(cgroup uint64) *member {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	for _, m := range e.members {

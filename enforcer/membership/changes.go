@@ -40,7 +40,7 @@ func gpuInfo(st scheduler.GPUStatus, node []string) agentapi.GPUInfo {
 }
 
 // GPUs is every GPU with containers or settings.
-func (e *Enforcement) GPUs() []agentapi.GPUInfo {
+func (e *Members) GPUs() []agentapi.GPUInfo {
 	node, _ := e.NodeGPUs()
 	out := []agentapi.GPUInfo{}
 	for _, st := range e.s.GPUs() {
@@ -50,13 +50,13 @@ func (e *Enforcement) GPUs() []agentapi.GPUInfo {
 }
 
 // GPU is one GPU's scheduling state.
-func (e *Enforcement) GPU(uuid string) agentapi.GPUInfo {
+func (e *Members) GPU(uuid string) agentapi.GPUInfo {
 	node, _ := e.NodeGPUs()
 	return gpuInfo(e.s.GPU(uuid), node)
 }
 
 // inForce reports the scheduler's targets for every container on the GPUs.
-func (e *Enforcement) inForce(gpus ...string) []agentapi.InForce {
+func (e *Members) inForce(gpus ...string) []agentapi.InForce {
 	var out []agentapi.InForce
 	for _, st := range e.s.Status() {
 		if slices.Contains(gpus, st.GPU) {
@@ -68,7 +68,7 @@ func (e *Enforcement) inForce(gpus ...string) []agentapi.InForce {
 
 // Find resolves a container name (its control-block directory, cgroup path
 // or namespace/pod/container) to the directory of the container it names.
-func (e *Enforcement) Find(name string) (string, error) {
+func (e *Members) Find(name string) (string, error) {
 	m, err := e.find(name)
 	if err != nil {
 		return "", err
@@ -76,7 +76,7 @@ func (e *Enforcement) Find(name string) (string, error) {
 	return m.dir, nil
 }
 
-func (e *Enforcement) find(name string) (*member, error) {
+func (e *Members) find(name string) (*member, error) {
 	if m := e.byName(name); m != nil {
 		return m, nil
 	}
@@ -94,7 +94,7 @@ func (e *Enforcement) find(name string) (*member, error) {
 }
 
 // byName finds a member by its directory or cgroup path.
-func (e *Enforcement) byName(name string) *member {
+func (e *Members) byName(name string) *member {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	if m := e.members[name]; m != nil {
@@ -110,7 +110,7 @@ func (e *Enforcement) byName(name string) *member {
 
 // ChangeContainer validates a change whole, then makes it: nothing changes
 // when any part is bad.
-func (e *Enforcement) ChangeContainer(name string, ch agentapi.ContainerChange) (agentapi.ChangeResult, error) {
+func (e *Members) ChangeContainer(name string, ch agentapi.ContainerChange) (agentapi.ChangeResult, error) {
 	m, err := e.find(name)
 	if err != nil {
 		return agentapi.ChangeResult{}, err
@@ -181,7 +181,7 @@ func (e *Enforcement) ChangeContainer(name string, ch agentapi.ContainerChange) 
 }
 
 // current is the container's compute settings in force.
-func (e *Enforcement) current(dir string) scheduler.Settings {
+func (e *Members) current(dir string) scheduler.Settings {
 	for _, st := range e.s.Status() {
 		if st.Key == dir {
 			return scheduler.Settings{Weight: st.Weight, CapPercent: st.CapPercent, High: st.High}
@@ -193,7 +193,7 @@ func (e *Enforcement) current(dir string) scheduler.Settings {
 // ResolveGPU reads a GPU's name, NVML's index or a UUID, as the GPU's UUID;
 // ErrNoGPU for a GPU the node does not have. Without NVML only a UUID
 // names a GPU.
-func (e *Enforcement) ResolveGPU(arg string) (string, error) {
+func (e *Members) ResolveGPU(arg string) (string, error) {
 	node, err := e.NodeGPUs()
 	if err != nil {
 		return "", fmt.Errorf("the node's GPUs: %w", err)
@@ -210,7 +210,7 @@ func (e *Enforcement) ResolveGPU(arg string) (string, error) {
 // ChangeGPU sets a GPU's policy or max_inst; a new max_inst goes to the
 // device plugin first, which may refuse it (ErrSlots), then to the
 // scheduler.
-func (e *Enforcement) ChangeGPU(ctx context.Context, uuid string, ch agentapi.GPUChange) (agentapi.ChangeResult, error) {
+func (e *Members) ChangeGPU(ctx context.Context, uuid string, ch agentapi.GPUChange) (agentapi.ChangeResult, error) {
 	node, _ := e.NodeGPUs()
 	g := e.cfg.Settings.GPU(uuid)
 	if ch.Policy != nil {

@@ -43,8 +43,8 @@ type Config struct {
 	Log      *slog.Logger
 }
 
-// Enforcement is the containers under the scheduler.
-type Enforcement struct {
+// Members is the containers under the scheduler.
+type Members struct {
 	cfg Config
 	s   *scheduler.Scheduler
 	// node lists the node's GPUs by UUID, in NVML's index order; nil
@@ -81,8 +81,8 @@ type member struct {
 
 // Start starts the scheduler with the saved GPU settings and takes in
 // containers until Close.
-func Start(cfg Config) *Enforcement {
-	e := &Enforcement{cfg: cfg, members: map[string]*member{}, unmapped: map[string]bool{}, retry: map[string]retry{}, done: make(chan struct{}),
+func Start(cfg Config) *Members {
+	e := &Members{cfg: cfg, members: map[string]*member{}, unmapped: map[string]bool{}, retry: map[string]retry{}, done: make(chan struct{}),
 		dirs: controlblock.NewDirs(cfg.ControlDir)}
 	var src scheduler.Source
 	if cfg.NVML != nil {
@@ -115,7 +115,7 @@ func Start(cfg Config) *Enforcement {
 }
 
 // setSlots gives the device plugin, when there is one, a GPU's slots.
-func (e *Enforcement) setSlots(ctx context.Context, dev, n int) error {
+func (e *Members) setSlots(ctx context.Context, dev, n int) error {
 	if e.cfg.SetSlots == nil {
 		return nil
 	}
@@ -123,7 +123,7 @@ func (e *Enforcement) setSlots(ctx context.Context, dev, n int) error {
 }
 
 // NodeGPUs lists the node's GPUs by UUID (nil without NVML).
-func (e *Enforcement) NodeGPUs() ([]string, error) {
+func (e *Members) NodeGPUs() ([]string, error) {
 	if e.node == nil {
 		return nil, nil
 	}
@@ -131,7 +131,7 @@ func (e *Enforcement) NodeGPUs() ([]string, error) {
 }
 
 // keyOfPid names the container a host process belongs to, by its cgroup.
-func (e *Enforcement) keyOfPid(pid uint32) (string, bool) {
+func (e *Members) keyOfPid(pid uint32) (string, bool) {
 	path, err := e.cfg.CgroupOf(int(pid))
 	if err != nil {
 		return "", false
@@ -146,7 +146,7 @@ func (e *Enforcement) keyOfPid(pid uint32) (string, bool) {
 	return "", false
 }
 
-func (e *Enforcement) loop(ctx context.Context) {
+func (e *Members) loop(ctx context.Context) {
 	defer close(e.done)
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
@@ -166,7 +166,7 @@ func (e *Enforcement) loop(ctx context.Context) {
 // discover adds every container whose ledger is new and verified and
 // removes those whose directory is gone; with members, it also follows the
 // GPUs members use and removes those whose cgroup is gone.
-func (e *Enforcement) discover(members bool) {
+func (e *Members) discover(members bool) {
 	dirs, gen, err := e.dirs.Names()
 	if err != nil { // keep every member until it can be read again
 		e.cfg.Log.Warn("list the control directory", "err", err)
@@ -224,7 +224,7 @@ type retry struct {
 
 const retryFirst, retryMax = 500 * time.Millisecond, 16 * time.Second
 
-func (e *Enforcement) trackLogged(dir string, nodeGPUs func() ([]string, error)) {
+func (e *Members) trackLogged(dir string, nodeGPUs func() ([]string, error)) {
 	now := time.Now()
 	r, failed := e.retry[dir]
 	if failed && now.Before(r.at) {
@@ -241,7 +241,7 @@ func (e *Enforcement) trackLogged(dir string, nodeGPUs func() ([]string, error))
 }
 
 // notMembers is the directories of dirs not taken on.
-func (e *Enforcement) notMembers(dirs []string) []string {
+func (e *Members) notMembers(dirs []string) []string {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	var out []string
@@ -253,13 +253,13 @@ func (e *Enforcement) notMembers(dirs []string) []string {
 	return out
 }
 
-func (e *Enforcement) isMember(dir string) bool {
+func (e *Members) isMember(dir string) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	return e.members[dir] != nil
 }
 
-func (e *Enforcement) track(dir string, nodeGPUs func() ([]string, error)) error {
+func (e *Members) track(dir string, nodeGPUs func() ([]string, error)) error {
 	if e.unchanged(dir) {
 		return nil
 	}
@@ -325,7 +325,7 @@ func (e *Enforcement) track(dir string, nodeGPUs func() ([]string, error)) error
 // same devices, read from its mapped ledger: re-reading every ledger twice
 // a second would cost more than the scheduling itself. One that uses a GPU
 // of unknown UUID is read again, until its ledger names it.
-func (e *Enforcement) unchanged(dir string) bool {
+func (e *Members) unchanged(dir string) bool {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	m := e.members[dir]
@@ -346,7 +346,7 @@ func (e *Enforcement) unchanged(dir string) bool {
 
 // open adopts a container's directory and maps its files, making `limits`
 // from the quota its environment claims when there is none yet.
-func (e *Enforcement) open(dir string, u *controlblock.UsageSnapshot) (*member, error) {
+func (e *Members) open(dir string, u *controlblock.UsageSnapshot) (*member, error) {
 	cd := e.cfg.ControlDir
 	cfg := controlblock.LimitsConfig{NDev: uint32(u.NDev)}
 	cfg.MemLimit, _ = controlblock.MemoryLimits(nil, u)
@@ -370,7 +370,7 @@ func (e *Enforcement) open(dir string, u *controlblock.UsageSnapshot) (*member, 
 	return &member{dir: dir, limits: lf, usage: uf}, nil
 }
 
-func (e *Enforcement) dropLocked(m *member) {
+func (e *Members) dropLocked(m *member) {
 	_ = e.s.RemoveContainer(m.dir)
 	m.close()
 	delete(e.members, m.dir)
@@ -403,7 +403,7 @@ type Scheduled struct {
 
 // Scheduling gives what the scheduler holds each container to, per device:
 // one reading of its state for a whole view.
-func (e *Enforcement) Scheduling() map[GPUKey]Scheduled {
+func (e *Members) Scheduling() map[GPUKey]Scheduled {
 	byKey := e.cgroups()
 	status := e.s.Status()
 	out := make(map[GPUKey]Scheduled, len(status))
@@ -424,7 +424,7 @@ func (e *Enforcement) Scheduling() map[GPUKey]Scheduled {
 }
 
 // cgroups maps each member's directory to its cgroup id.
-func (e *Enforcement) cgroups() map[string]uint64 {
+func (e *Members) cgroups() map[string]uint64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	byKey := make(map[string]uint64, len(e.members))
@@ -436,7 +436,7 @@ func (e *Enforcement) cgroups() map[string]uint64 {
 
 // Close stops taking in containers and stops the scheduler, which lifts
 // every gate: workloads go on without the agent.
-func (e *Enforcement) Close() error {
+func (e *Members) Close() error {
 	e.stop()
 	<-e.done
 	e.s.Stop()

@@ -45,9 +45,9 @@ func writeLedger(t *testing.T, controlDir, dir string, cgroup uint64, weight uin
 
 // start runs membership over controlDir without NVML, taking every ledger's
 // cgroup claim as true.
-func start(t *testing.T, controlDir string) *Enforcement {
+func start(t *testing.T, controlDir string) *Members {
 	t.Helper()
-	var e *Enforcement
+	var e *Members
 	store, err := settings.Load(filepath.Join(t.TempDir(), "settings.json"))
 	if err != nil {
 		t.Fatal(err)
@@ -70,7 +70,7 @@ func start(t *testing.T, controlDir string) *Enforcement {
 
 // freeWeight waits until membership holds want containers on the GPU, and
 // returns its free_weight then.
-func freeWeight(t *testing.T, e *Enforcement, containers int) int {
+func freeWeight(t *testing.T, e *Members, containers int) int {
 	t.Helper()
 	uuid := controlblock.UUIDString(gpu0)
 	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {

@@ -20,7 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
-	"github.com/gpuwarden/gpuwarden/enforcer/control"
+	"github.com/gpuwarden/gpuwarden/enforcer/changeapi"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 )
@@ -81,7 +81,7 @@ func (r *Responder) Unfreeze(path string) error {
 	frozen := r.watch.frozen[path]
 	r.watch.mu.Unlock()
 	if !frozen {
-		return control.ErrNotFrozen
+		return changeapi.ErrNotFrozen
 	}
 	if err := r.freeze(path, false); err != nil {
 		return err

@@ -13,7 +13,7 @@ import (
 	"testing"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
-	"github.com/gpuwarden/gpuwarden/enforcer/control"
+	"github.com/gpuwarden/gpuwarden/enforcer/changeapi"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
@@ -165,7 +165,7 @@ func TestFreezeAndUnfreeze(t *testing.T) {
 	if got := kinds(r); !slices.Equal(got, []string{"breach", "frozen", "unfrozen"}) || freezeFile(t, cg) != "0" {
 		t.Errorf("after Unfreeze: events %v, cgroup.freeze %s", got, freezeFile(t, cg))
 	}
-	if err := r.Unfreeze(cg.Rel); !errors.Is(err, control.ErrNotFrozen) {
+	if err := r.Unfreeze(cg.Rel); !errors.Is(err, changeapi.ErrNotFrozen) {
 		t.Errorf("a second Unfreeze = %v, want ErrNotFrozen", err)
 	}
 }

@@ -22,7 +22,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/config"
 	"github.com/gpuwarden/gpuwarden/collector"
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
-	"github.com/gpuwarden/gpuwarden/collector/claims"
+	"github.com/gpuwarden/gpuwarden/collector/ledgertrust"
 	"github.com/gpuwarden/gpuwarden/collector/kubelet"
 	"github.com/gpuwarden/gpuwarden/deploy/deviceplugin"
 	"github.com/gpuwarden/gpuwarden/enforcer/connlimit"
@@ -44,7 +44,7 @@ type Agent struct {
 	parts    parts
 	nsRoot   string            // host path of the agent's cgroup namespace root
 	resolver *cgroups.Resolver // nil when no cgroup v2 tree was found
-	enf      atomic.Pointer[membership.Enforcement]
+	enf      atomic.Pointer[membership.Members]
 	breaches *onbreach.Responder // nil unless enforcing
 	settings *settings.Store     // what ctl changed; nil unless enforcing
 	nvml     *nvmldev.Reader
@@ -77,9 +77,9 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 	a.resolver = resolver
 	a.nsRoot = a.cgroupNamespaceRoot(resolver)
 	// One verifier of ledgers' claims serves the collector and the enforcer.
-	var verifier *claims.Verifier
+	var verifier *ledgertrust.Verifier
 	if resolver != nil {
-		verifier = claims.NewVerifier(resolver, cgroupFS, cfg.Paths.Proc)
+		verifier = ledgertrust.NewVerifier(resolver, cgroupFS, cfg.Paths.Proc)
 	}
 	src := collector.Sources{ControlDir: cfg.ControlDir, Cgroups: resolver, Claims: verifier, ProcRoot: cfg.Paths.Proc, CgroupNSRoot: a.nsRoot,
 		NVMLContextBytes: uint64(cfg.NVML.ContextMemory) << 20,

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
-	"github.com/gpuwarden/gpuwarden/collector/claims"
+	"github.com/gpuwarden/gpuwarden/collector/ledgertrust"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/enforcer/membership"
@@ -16,7 +16,7 @@ import (
 
 // startEnforcement puts the node's containers under the scheduler
 // (membership), and reports, freezes or kills containers in breach.
-func (a *Agent) startEnforcement(resolver *cgroups.Resolver, verifier *claims.Verifier, cgroupFS string, pods *podAnnotations) *membership.Enforcement {
+func (a *Agent) startEnforcement(resolver *cgroups.Resolver, verifier *ledgertrust.Verifier, cgroupFS string, pods *podAnnotations) *membership.Members {
 	store, err := settings.Load(a.cfg.Enforcement.StateFile)
 	if err != nil {
 		a.parts.set("enforcer", true, err)
@@ -73,7 +73,7 @@ func (a *Agent) startEnforcement(resolver *cgroups.Resolver, verifier *claims.Ve
 // watchContainers holds containers to their pods' annotations and acts on
 // breaches, every 4 s: both need the collector's whole view (a scrape's
 // work: 70 ms of CPU at 1,000 containers).
-func (a *Agent) watchContainers(ctx context.Context, done chan<- struct{}, e *membership.Enforcement, pods *podAnnotations) {
+func (a *Agent) watchContainers(ctx context.Context, done chan<- struct{}, e *membership.Members, pods *podAnnotations) {
 	defer close(done)
 	t := time.NewTicker(4 * time.Second)
 	defer t.Stop()

@@ -15,7 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/connlimit"
-	"github.com/gpuwarden/gpuwarden/enforcer/control"
+	"github.com/gpuwarden/gpuwarden/enforcer/changeapi"
 )
 
 // The HTTP server's bounds: whoever reaches the port (any pod, on
@@ -58,7 +58,7 @@ func (a *Agent) mux() *http.ServeMux {
 	}
 	a.coll.RegisterAPI(mux)
 	if e := a.enf.Load(); e != nil {
-		if err := control.Register(mux, a.cfg.Enforcement.APITokenFile, e, a.breaches); err != nil {
+		if err := changeapi.Register(mux, a.cfg.Enforcement.APITokenFile, e, a.breaches); err != nil {
 			a.log.Error("the change API is off: no token", "err", err)
 		}
 	}

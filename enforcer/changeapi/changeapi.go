@@ -1,7 +1,7 @@
-// Package control serves the change API that `gpuwarden ctl` uses: taken
+// Package changeapi serves the change API that `gpuwarden ctl` uses: taken
 // only from loopback and only with the token the agent writes at start to a
 // root-only file.
-package control
+package changeapi
 
 import (
 	"crypto/rand"
@@ -33,7 +33,7 @@ var ErrNotFrozen = errors.New("not frozen by the agent")
 
 // Register adds the change API and its reads to mux, with a fresh token
 // written to tokenFile.
-func Register(mux *http.ServeMux, tokenFile string, e *membership.Enforcement, b Breaches) error {
+func Register(mux *http.ServeMux, tokenFile string, e *membership.Members, b Breaches) error {
 	token, err := makeToken(tokenFile)
 	if err != nil {
 		return err
@@ -67,7 +67,7 @@ func Register(mux *http.ServeMux, tokenFile string, e *membership.Enforcement, b
 }
 
 type handlers struct {
-	e *membership.Enforcement
+	e *membership.Members
 	b Breaches
 }
 

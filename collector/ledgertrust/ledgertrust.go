@@ -1,8 +1,8 @@
-// Package claims decides whether an interposer ledger speaks for the cgroup
+// Package ledgertrust decides whether an interposer ledger speaks for the cgroup
 // it names. A ledger is written by the container itself, so its claim is
 // evidence to check, never truth. The collector and the enforcer both ask
 // this package, so they cannot disagree about which ledger to trust.
-package claims
+package ledgertrust
 
 import (
 	"bufio"
