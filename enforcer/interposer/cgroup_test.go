@@ -16,15 +16,29 @@ import (
 // on a cgroup v2 one) is in the cgroup the agent's reader (hostcgroup.Of)
 // names, as the interposer sees it: its control directory is that path's
 // key and its ledger names that path and cgroup. The long path (over the
-// ledger's 512 bytes) is where a key from a cut path would differ.
+// ledger's 512 bytes) is where a key from a cut path would differ; the
+// ledger names no path then, rather than a cut one (which, cut inside a
+// UTF-8 character, the agent would take for a forged ledger).
 func TestCgroupAsGoReadsIt(t *testing.T) {
-	for _, c := range []struct{ name, sub string }{
-		{"short", "c"},
-		{"long", strings.Repeat("a", 200) + "/" + strings.Repeat("b", 200) + "/" + strings.Repeat("c", 200)},
+	for _, c := range []struct {
+		name string
+		sub  func(parent string) string
+	}{
+		{"short", func(string) string { return "c" }},
+		{"long", func(string) string {
+			return strings.Repeat("a", 200) + "/" + strings.Repeat("b", 200) + "/" + strings.Repeat("c", 200)
+		}},
+		{"long-utf8", func(parent string) string {
+			// "é" is two bytes, each starting at an even offset of the
+			// path: the 511-byte cut falls inside one.
+			pad := strings.Repeat("x", (len(parent)+1)%2)
+			return pad + strings.Repeat("é", 100) + "/" + strings.Repeat("é", 100) + "/" + strings.Repeat("é", 100)
+		}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			b := newBox(t, 1, "16Gi")
-			b.cg = simtest.NestedCgroup(t, simtest.NewCgroup(t, "hostcgroup"), c.sub)
+			parent := simtest.NewCgroup(t, "hostcgroup")
+			b.cg = simtest.NestedCgroup(t, parent, c.sub(parent.Rel))
 
 			sleeper := b.cg.Place(exec.Command("sleep", "30"))
 			if err := sleeper.Start(); err != nil {
@@ -51,10 +65,14 @@ func TestCgroupAsGoReadsIt(t *testing.T) {
 			}
 			want := goPath
 			if len(want) > controlblock.CgroupPathMax-1 {
-				want = want[:controlblock.CgroupPathMax-1]
+				want = ""
 			}
-			if s := b.ledger(); s.CgroupPath != want || s.CgroupID != b.cg.ID {
+			s := b.ledger()
+			if s.CgroupPath != want || s.CgroupID != b.cg.ID {
 				t.Errorf("ledger names %q (id %d), want %q (id %d)", s.CgroupPath, s.CgroupID, want, b.cg.ID)
+			}
+			if len(s.Problems) > 0 {
+				t.Errorf("the agent reads the ledger as malformed: %v", s.Problems)
 			}
 		})
 	}

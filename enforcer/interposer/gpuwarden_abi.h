@@ -134,7 +134,7 @@ struct gw_usage {
     _Atomic uint32_t claim_priority;      /* enum gw_priority */
     _Atomic uint32_t claim_flags;         /* enum gw_claim_flags */
     _Atomic uint64_t cgroup_id;           /* inode of the cgroup directory, 0 unknown */
-    char cgroup_path[GW_CGROUP_PATH_MAX]; /* as /proc/self/cgroup shows it, NUL-terminated; set at creation */
+    char cgroup_path[GW_CGROUP_PATH_MAX]; /* as /proc/self/cgroup shows it, NUL-terminated; empty if longer; set at creation */
     uint8_t dev_uuid[GW_MAX_DEVICES][16]; /* CUDA UUID of each ordinal; zero unknown */
     uint8_t pad1[8];
     /* minor 1: container-wide, by device ordinal, the launches whose device

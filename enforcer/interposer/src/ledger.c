@@ -100,6 +100,17 @@ static int open_usage(const char *dir, const char *key, char *path, size_t pathl
     return fd;
 }
 
+/* name_cgroup writes the cgroup's path into the ledger where it fits, and
+ * leaves it empty where it does not: a cut path names another cgroup, and a
+ * cut inside a UTF-8 character is a ledger the agent cannot read. The
+ * cgroup's id names it either way. */
+static void name_cgroup(struct gw_usage *u, const char *cgpath) {
+    size_t n = strlen(cgpath);
+    if (n >= sizeof u->cgroup_path) n = 0;
+    memcpy(u->cgroup_path, cgpath, n);
+    u->cgroup_path[n] = 0;
+}
+
 /* rebind makes a ledger laid out earlier speak for this process's cgroup:
  * a container restarted in a new cgroup (of the same path, or in the same
  * allocation on Kubernetes) finds the ledger it left, which names the
@@ -108,7 +119,7 @@ static int open_usage(const char *dir, const char *key, char *path, size_t pathl
 static void rebind(struct gw_usage *u, const char *cgpath) {
     uint64_t id = cgroup_id_of(cgpath);
     if (!id || atomic_load(&u->cgroup_id) == id) return;
-    snprintf(u->cgroup_path, sizeof u->cgroup_path, "%s", cgpath);
+    name_cgroup(u, cgpath);
     atomic_store(&u->cgroup_id, id);
 }
 
@@ -136,7 +147,7 @@ int gw_ledger_open(const char *dir, const char *key, const char *cgpath, char *e
         u->max_devices = GW_MAX_DEVICES;
         u->max_slots = GW_MAX_SLOTS;
         u->slot_size = sizeof(struct gw_slot);
-        snprintf(u->cgroup_path, sizeof u->cgroup_path, "%s", cgpath);
+        name_cgroup(u, cgpath);
         atomic_store(&u->cgroup_id, cgroup_id_of(cgpath));
         __atomic_store_n(&u->magic, GW_USAGE_MAGIC, __ATOMIC_RELEASE);
     }
