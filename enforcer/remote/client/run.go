@@ -66,12 +66,12 @@ func Run(p Program, d *Dialer, req session.Request, report func(format string, a
 	if len(p.Args) == 0 {
 		return 0, errors.New("no command to run")
 	}
-	dir, err := os.MkdirTemp("", "gpuwarden-remote-")
+	dir, err := newSockDir()
 	if err != nil {
-		return 0, fmt.Errorf("make the socket's directory: %w", err)
+		return 0, err
 	}
-	defer os.RemoveAll(dir)
-	sock := filepath.Join(dir, "driver.sock")
+	defer dir.close()
+	sock := filepath.Join(dir.path, "driver.sock")
 	lis, err := net.Listen("unix", sock)
 	if err != nil {
 		return 0, fmt.Errorf("listen on %s: %w", sock, err)
