@@ -4,7 +4,9 @@
  * Asynchronous frames go into a batch that is written when a synchronous
  * call needs its reply, when the batch reaches GWR_BATCH bytes, or by the
  * flusher thread within GWR_FLUSH_NS of the batch's first frame, so a
- * program that launches and then sleeps still gets its work run. Replies
+ * program that launches and then sleeps still gets its work run. The first
+ * frame after the socket was idle for GWR_FLUSH_NS goes out at once: a
+ * step's first kernel starts on the GPU while the rest are batched. Replies
  * are read by one of the calls waiting for them at a time (the leader),
  * which hands each to its caller by seq: a single-threaded program reads
  * its own reply, with no thread in between. When the socket ends, every
@@ -53,6 +55,7 @@ static struct {
     pthread_cond_t send_cv;  /* the batch became non-empty */
     uint8_t batch[GWR_BATCH];
     size_t nbatch;
+    uint64_t sent_ns; /* when the socket was last written, CLOCK_MONOTONIC */
 } S = {
     .mu = PTHREAD_MUTEX_INITIALIZER,
     .cv = PTHREAD_COND_INITIALIZER,
@@ -157,12 +160,24 @@ static int read_one(int fd) {
     return 0;
 }
 
+static uint64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
+/* write_locked writes frames to the socket; send_mu is held. */
+static int write_locked(struct iovec *v, int n) {
+    S.sent_ns = mono_ns();
+    return write_iov(S.fd, v, n);
+}
+
 /* flush_locked writes the batch; send_mu is held. */
 static int flush_locked(void) {
     if (!S.nbatch) return 0;
     struct iovec v = {S.batch, S.nbatch};
     S.nbatch = 0;
-    return write_iov(S.fd, &v, 1);
+    return write_locked(&v, 1);
 }
 
 static void *flusher(void *arg) {
@@ -199,6 +214,7 @@ static CUresult send_frame(uint16_t op, uint16_t flags, uint32_t seq, const void
     }
     if (total <= GWR_BATCH - S.nbatch || (total <= GWR_BATCH / 4 && !(err = flush_locked()))) {
         int was_empty = !S.nbatch;
+        if (was_empty && mono_ns() - S.sent_ns >= (uint64_t)GWR_FLUSH_NS) flush = 1; /* after idle */
         memcpy(S.batch + S.nbatch, hb, sizeof hb);
         if (na) memcpy(S.batch + S.nbatch + sizeof hb, a, na);
         if (nb) memcpy(S.batch + S.nbatch + sizeof hb + na, b, nb);
@@ -207,7 +223,7 @@ static CUresult send_frame(uint16_t op, uint16_t flags, uint32_t seq, const void
         else if (was_empty) pthread_cond_signal(&S.send_cv);
     } else if (!err && !(err = flush_locked())) {
         struct iovec v[3] = {{hb, sizeof hb}, {(void *)a, na}, {(void *)b, nb}};
-        err = write_iov(S.fd, v, 3); /* bulk: no copy into the batch */
+        err = write_locked(v, 3); /* bulk: no copy into the batch */
     }
     pthread_mutex_unlock(&S.send_mu);
     if (err) {

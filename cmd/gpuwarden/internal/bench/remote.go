@@ -132,6 +132,13 @@ func benchRemote(o benchOptions, stdout io.Writer) error {
 			return err
 		}
 	}
+	// A training step's shape: host work before each launch, so launches
+	// trickle out between the client's flushes, then a sync.
+	train := figure{prog: "simgpu/workload", key: "workload_steps_per_sec", name: "train_steps_per_sec", unit: "steps/s",
+		args: []string{"--alloc", "256Mi", "--seconds", secs, "--kernels", "16", "--kernel-ns", "200000", "--uneven", "--host-ns", "20000"}}
+	if err := r.compare(train, stdout); err != nil {
+		return err
+	}
 	// One synchronous call's round trip: cuCtxSynchronize on an idle
 	// context, nothing queued before it. A time, not a rate: no ratio row.
 	rt := figure{prog: "interposer/gw-remote", args: []string{"roundtrip", "2000"}, key: "sync_call_us",
