@@ -14,8 +14,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
-	"github.com/gpuwarden/gpuwarden/enforcer/connlimit"
 	"github.com/gpuwarden/gpuwarden/enforcer/changeapi"
+	"github.com/gpuwarden/gpuwarden/enforcer/connlimit"
 )
 
 // The HTTP server's bounds: whoever reaches the port (any pod, on
