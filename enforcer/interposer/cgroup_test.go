@@ -3,8 +3,11 @@ package interposer_test
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
@@ -75,6 +78,41 @@ func TestCgroupAsGoReadsIt(t *testing.T) {
 				t.Errorf("the agent reads the ledger as malformed: %v", s.Problems)
 			}
 		})
+	}
+}
+
+// TestCgroupOutsideNamespaceRoot: a process moved out of its cgroup
+// namespace's root sees its cgroup as "/../memory". Joined to the cgroup2
+// mount, that path leaves it (on this hybrid host, for the v1 memory
+// hierarchy beside it): the ledger names no cgroup id rather than that
+// directory's.
+func TestCgroupOutsideNamespaceRoot(t *testing.T) {
+	simtest.RequirePrivileged(t, "a cgroup namespace")
+	b := newBox(t, 1, "16Gi")
+	parent := simtest.NewCgroup(t, "cgns")
+	b.cg = simtest.NestedCgroup(t, parent, "root")
+	outside := simtest.NestedCgroup(t, parent, "memory")
+	// unshare execs sh, which execs gw-check: one pid throughout.
+	cmd := b.command("unshare", "--cgroup", "sh", "-c", `echo ready; read go; exec "$0" init`,
+		simtest.Bin(t, "interposer/gw-check"))
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := simtest.Start(t, cmd)
+	p.WaitLine(t, "ready", 10*time.Second)
+	if err := os.WriteFile(filepath.Join(outside.Path, "cgroup.procs"), []byte(strconv.Itoa(cmd.Process.Pid)), 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stdin.Write([]byte("go\n")); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := p.Wait(); err != nil || !strings.Contains(out, "init CUDA_SUCCESS") {
+		t.Fatalf("gw-check init: %v; stdout %q, stderr %q", err, out, p.Stderr())
+	}
+	b.key = controlblock.ContainerKey("/../memory")
+	if s := b.ledger(); s.CgroupID != 0 && s.CgroupID != outside.ID {
+		t.Errorf("ledger names cgroup id %d, want 0 (unknown) or the process's own (%d)", s.CgroupID, outside.ID)
 	}
 }
 

@@ -45,6 +45,10 @@ static int mkdir_p(char *path, mode_t mode) {
 }
 
 static uint64_t cgroup_id_of(const char *cgpath) {
+    /* A cgroup outside this cgroup namespace's root ("/../x") is not below
+     * the mount as this process sees it: joined to it, the path would name
+     * another directory (on a hybrid host, a v1 hierarchy beside it). */
+    if (!strncmp(cgpath, "/..", 3) && (cgpath[3] == '/' || !cgpath[3])) return 0;
     FILE *f = fopen("/proc/self/mountinfo", "re");
     if (!f) return 0;
     char line[4096], mnt[4096] = "";
