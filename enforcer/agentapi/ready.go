@@ -71,20 +71,26 @@ func (r *Readiness) Close() {
 	_ = r.r.Close()
 }
 
-// logTail is the last lines of a log, at most 2 KiB, for an error.
+// logTail is LogEnd of stderr, worded for Wait's error.
 func logTail(stderr func() string) string {
 	if stderr == nil {
 		return ""
 	}
-	s := strings.TrimSpace(stderr())
+	if s := LogEnd(stderr()); s != "" {
+		return "; its stderr ends:\n" + s
+	}
+	return " (its stderr is empty)"
+}
+
+// LogEnd is the last whole lines of an agent's log, at most 2 KiB, for an
+// error or a failed test's message.
+func LogEnd(log string) string {
+	s := strings.TrimSpace(log)
 	if len(s) > 2048 {
 		s = s[len(s)-2048:]
 		if i := strings.IndexByte(s, '\n'); i >= 0 {
 			s = s[i+1:]
 		}
 	}
-	if s == "" {
-		return " (its stderr is empty)"
-	}
-	return "; its stderr ends:\n" + s
+	return s
 }

@@ -148,12 +148,6 @@ func (a *Agent) Log() string {
 	return string(b)
 }
 
-// LogTail returns the last n lines the agent logged, for a failure's message.
-func (a *Agent) LogTail(n int) string {
-	l := strings.Split(strings.TrimRight(a.Log(), "\n"), "\n")
-	return strings.Join(l[max(len(l)-n, 0):], "\n")
-}
-
 // Get fetches a path and returns the status code and body.
 func (a *Agent) Get(t testing.TB, path string) (int, []byte) {
 	t.Helper()

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/simmachine"
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
 	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/pki"
 )
@@ -202,7 +203,7 @@ func (r *remoteRunner) compare(f figure, stdout io.Writer) error {
 			if err != nil {
 				time.Sleep(2 * time.Second) // for the agent to log how the session's worker ended
 				log, _ := os.ReadFile(filepath.Join(r.m.Dir, "agent.log"))
-				return fmt.Errorf("%w\nthe agent's log ends:\n%s", err, lastLines(string(log), 15))
+				return fmt.Errorf("%w\nthe agent's log ends:\n%s", err, agentapi.LogEnd(string(log)))
 			}
 			v, ok := out[f.key]
 			if !ok || v <= 0 {
@@ -230,11 +231,6 @@ func (r *remoteRunner) compare(f figure, stdout io.Writer) error {
 		}
 	}
 	return nil
-}
-
-func lastLines(s string, n int) string {
-	l := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	return strings.Join(l[max(len(l)-n, 0):], "\n")
 }
 
 func netNames(nets []benchNet) []string {
