@@ -21,7 +21,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 )
 
-func init() { benchSuites["agent"] = benchSuite{order: 40, run: benchAgent} }
+func init() { suites["agent"] = suite{order: 40, run: benchAgent} }
 
 const benchContainers = 1000
 
@@ -43,7 +43,7 @@ const (
 // verifies every claim), NVML and eBPF on. It prints the scrape time, the
 // agent's RSS, and its CPU at a 15 s scrape interval, with the enforcer off
 // and on, and whether each is within the budget.
-func benchAgent(o benchOptions, stdout io.Writer) error {
+func benchAgent(o options, stdout io.Writer) error {
 	if os.Geteuid() != 0 {
 		return errors.New("needs root (cgroups and eBPF)")
 	}

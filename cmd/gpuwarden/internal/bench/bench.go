@@ -17,21 +17,19 @@ import (
 	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/simmachine"
 )
 
-// benchOptions are the knobs every benchmark suite shares.
-type benchOptions struct {
+// options are the knobs every suite shares.
+type options struct {
 	launches int     // launches for launch-cost figures
 	seconds  float64 // seconds each rate is measured over
 }
 
-// A benchSuite measures one part and prints its figures as
-// `BENCH <name> <value> <unit>`. Figures that compare (with and without a
-// part) are measured side by side in one run, since these machines are noisy.
-type benchSuite struct {
+// A suite measures one part and prints its figures as BENCH lines.
+type suite struct {
 	order int // suites run in this order
-	run   func(o benchOptions, stdout io.Writer) error
+	run   func(o options, stdout io.Writer) error
 }
 
-var benchSuites = map[string]benchSuite{
+var suites = map[string]suite{
 	"simgpu": {order: 0, run: benchSimgpu},
 }
 
@@ -40,15 +38,15 @@ var benchSuites = map[string]benchSuite{
 func Run(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	var o benchOptions
+	var o options
 	fs.IntVar(&o.launches, "launches", 200000, "launches for launch-cost figures")
 	fs.Float64Var(&o.seconds, "seconds", 3, "seconds each rate is measured over")
 	only := fs.String("only", "", "run only these suites (comma-separated)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	names := make([]string, 0, len(benchSuites))
-	for n := range benchSuites {
+	names := make([]string, 0, len(suites))
+	for n := range suites {
 		if *only == "" || strings.Contains(","+*only+",", ","+n+",") {
 			names = append(names, n)
 		}
@@ -57,10 +55,10 @@ func Run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "gpuwarden bench: no suite named %q\n", *only)
 		return 2
 	}
-	sort.Slice(names, func(i, j int) bool { return benchSuites[names[i]].order < benchSuites[names[j]].order })
+	sort.Slice(names, func(i, j int) bool { return suites[names[i]].order < suites[names[j]].order })
 	failed := 0
 	for _, n := range names {
-		if err := benchSuites[n].run(o, stdout); err != nil {
+		if err := suites[n].run(o, stdout); err != nil {
 			fmt.Fprintf(stderr, "gpuwarden bench: %s: %v\n", n, err)
 			failed++
 		}
@@ -73,7 +71,7 @@ func Run(args []string, stdout, stderr io.Writer) int {
 
 // benchSimgpu measures the simulated driver itself: the cost of a launch and
 // a training loop's rate.
-func benchSimgpu(o benchOptions, stdout io.Writer) error {
+func benchSimgpu(o options, stdout io.Writer) error {
 	m, err := simmachine.New(1, "16Gi")
 	if err != nil {
 		return err

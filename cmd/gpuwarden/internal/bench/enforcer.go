@@ -15,7 +15,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/enforcer/scheduler/simrun"
 )
 
-func init() { benchSuites["enforcer"] = benchSuite{order: 30, run: benchEnforcer} }
+func init() { suites["enforcer"] = suite{order: 30, run: benchEnforcer} }
 
 // enforcerRow is one experiment: containers on one simulated GPU under the
 // scheduler, each running the training loop for the same time.
@@ -41,7 +41,7 @@ type enforcerRow struct {
 // sweep standing in for batch sizes 16-128), plus fixed 30%/70%, preemptive
 // with an idle partner, a CUDA-graph and a sync-every-launch workload. The
 // budget is an achieved share within 5% of target on every row.
-func benchEnforcer(o benchOptions, stdout io.Writer) error {
+func benchEnforcer(o options, stdout io.Writer) error {
 	bin, err := simmachine.BinDir()
 	if err != nil {
 		return err

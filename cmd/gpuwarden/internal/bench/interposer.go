@@ -17,7 +17,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 )
 
-func init() { benchSuites["interposer"] = benchSuite{order: 10, run: benchInterposer} }
+func init() { suites["interposer"] = suite{order: 10, run: benchInterposer} }
 
 // benchInterposer measures what libgpuwarden.so adds to a cuLaunchKernel and
 // to a cuMemAlloc_v2 + cuMemFree_v2 pair: the same program (gw-bench) runs
@@ -29,7 +29,7 @@ func init() { benchSuites["interposer"] = benchSuite{order: 10, run: benchInterp
 // leaving stores pending as NVIDIA's does (SIMGPU_LAUNCH_STORES=1). The
 // last row is what a locked add right after such a launch costs: the
 // regression a locked instruction on the launch path would be on an H200.
-func benchInterposer(o benchOptions, stdout io.Writer) error {
+func benchInterposer(o options, stdout io.Writer) error {
 	m, err := simmachine.New(1, "16Gi")
 	if err != nil {
 		return err

@@ -12,7 +12,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 )
 
-func init() { benchSuites["junk"] = benchSuite{order: 45, run: benchJunk} }
+func init() { suites["junk"] = suite{order: 45, run: benchJunk} }
 
 const benchJunkDirs = 3000
 
@@ -23,7 +23,7 @@ const benchJunkDirs = 3000
 // container's). The same agent, idle, before they appear and once they
 // have been there for half a minute (refused directories are looked at
 // again after a wait that grows while they stay refused).
-func benchJunk(o benchOptions, stdout io.Writer) error {
+func benchJunk(o options, stdout io.Writer) error {
 	if os.Geteuid() != 0 {
 		return errors.New("needs root (cgroups and eBPF)")
 	}

@@ -20,7 +20,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/simmachine"
 )
 
-func init() { benchSuites["probes"] = benchSuite{order: 20, run: benchProbes} }
+func init() { suites["probes"] = suite{order: 20, run: benchProbes} }
 
 // benchProbes measures what the eBPF probes cost: one probe hit (a launch
 // loop with the launch probe attached for good, against none); a training
@@ -28,7 +28,7 @@ func init() { benchSuites["probes"] = benchSuite{order: 20, run: benchProbes} }
 // without, in alternating rounds; and which of the agent's eBPF programs
 // that cost is spent in, for a process that keeps a ledger and for one that
 // bypasses it (programCosts).
-func benchProbes(o benchOptions, stdout io.Writer) error {
+func benchProbes(o options, stdout io.Writer) error {
 	if os.Geteuid() != 0 {
 		return errors.New("needs root: it loads eBPF programs and attaches uprobes")
 	}

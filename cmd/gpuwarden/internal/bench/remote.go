@@ -21,7 +21,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/pki"
 )
 
-func init() { benchSuites["remote"] = benchSuite{order: 50, run: benchRemote} }
+func init() { suites["remote"] = suite{order: 50, run: benchRemote} }
 
 // Remote GPU budgets (issue 15): remote throughput, bandwidth and launch
 // rate as fractions of local.
@@ -47,7 +47,7 @@ type benchNet struct {
 // veth pair from another namespace (and, where the kernel has sch_netem,
 // the veth pair with 50 µs more round trip). Local runs are containers on
 // the GPU node under the interposer.
-func benchRemote(o benchOptions, stdout io.Writer) error {
+func benchRemote(o options, stdout io.Writer) error {
 	if os.Geteuid() != 0 {
 		return errors.New("needs root (network namespaces and cgroups)")
 	}

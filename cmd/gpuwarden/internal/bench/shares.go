@@ -14,7 +14,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/enforcer/scheduler/simrun"
 )
 
-func init() { benchSuites["shares"] = benchSuite{order: 35, run: benchShares} }
+func init() { suites["shares"] = suite{order: 35, run: benchShares} }
 
 // sharesShape is one workload both containers run: its arguments past
 // --seconds, and how many times longer than the others it runs.
@@ -41,7 +41,7 @@ type sharesPolicy struct {
 // three times (GPUWARDEN_BENCH_RUNS); the budget is a mean within 2% of
 // target, every run within 5%, and the pair's rate at least 0.95 of the same
 // pair ungated.
-func benchShares(o benchOptions, stdout io.Writer) error {
+func benchShares(o options, stdout io.Writer) error {
 	bin, err := simmachine.BinDir()
 	if err != nil {
 		return err
