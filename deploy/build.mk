@@ -45,19 +45,20 @@ gpu-check: build ## Build the real-GPU check's bundle into bin/gpu-check (run.sh
 test: gpu-check
 
 # The end-to-end tests on a real single-node cluster (deploy/k8stest, a Go
-# module of its own; deploy/k8stest/kubernetes, another, pins the Kubernetes
-# and etcd that cluster.sh builds), part of `make test`. The first run on a
-# machine builds Kubernetes (about 11 minutes on two cores) into
-# GPUWARDEN_K8S_CACHE, where later runs find it.
+# module of its own; deploy/k8stest/kubernetes and deploy/k8stest/containerd,
+# two others, pin the Kubernetes, etcd and containerd that cluster.sh builds),
+# part of `make test`. The first run on a machine builds Kubernetes and
+# containerd (about 15 and 3 minutes on two cores, Go's build cache empty)
+# into GPUWARDEN_K8S_CACHE, where later runs find them.
 # cluster.sh runs the tests inside the cluster's network namespace and
 # restores the host after, even when they fail; a host that cannot run a
 # cluster skips them, or fails under GPUWARDEN_REQUIRE_PRIVILEGED=1.
 # Its packages share one cluster, so they run one at a time (-p 1).
-DEPS_K8S := containerd runc containernetworking-plugins busybox-static iproute2 util-linux openssl gcc libc6-dev
+DEPS_K8S := runc containernetworking-plugins busybox-static iproute2 util-linux openssl gcc libc6-dev
 DEPS_TEST += $(DEPS_K8S)
 
 .PHONY: k8s-test
-k8s-test: build ## Run only the end-to-end tests on a real Kubernetes node (root; the first run builds Kubernetes)
+k8s-test: build ## Run only the end-to-end tests on a real Kubernetes node (root; the first run builds Kubernetes and containerd)
 	@.ci/deps.sh $(DEPS_K8S)
 	cd deploy/k8stest && $(GO) vet ./...
 	cd deploy/k8stest && ./cluster.sh run $(GO) test -p 1 -count=1 -timeout 20m -v ./...

@@ -2,7 +2,7 @@
 # cluster.sh: a real single-node Kubernetes cluster for gpuwarden's end-to-end
 # tests, built from source and run inside a network namespace of its own.
 #
-#   cluster.sh build         build the Kubernetes binaries into the cache (once per version)
+#   cluster.sh build         build Kubernetes and containerd into the cache (once per version)
 #   cluster.sh run CMD...    build, bring the cluster up, run CMD, tear it all down
 #
 # Knobs (environment):
@@ -17,45 +17,72 @@
 # The Kubernetes version is the one deploy/k8stest/kubernetes/go.mod requires
 # (a module of its own, for the build alone: the tests' module has Helm's
 # newer dependency tree); etcd is the one that version's module graph holds.
+# containerd (2.x, for CDI: the kubelet hands DRA devices to the runtime as
+# CDI names) is the one deploy/k8stest/containerd/go.mod requires, built the
+# same way; runc and the CNI plugins are Debian's.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 GO=${GO:-go}
+# required MODDIR MODULE: the version of MODULE that MODDIR/go.mod requires,
+# in a require block or on a require line of its own.
+required() {
+    awk -v m="$2" '$1 == "require" { $1 = ""; $0 = $0 } $1 == m { print $2; exit }' "$1/go.mod"
+}
 K8S_MOD=$HERE/kubernetes
-K8S_VERSION=$(awk '$1 == "k8s.io/kubernetes" { print $2; exit }' "$K8S_MOD/go.mod")
+K8S_VERSION=$(required "$K8S_MOD" k8s.io/kubernetes)
+CTRD_MOD=$HERE/containerd
+CTRD_VERSION=$(required "$CTRD_MOD" github.com/containerd/containerd/v2)
 CACHE_ROOT=${GPUWARDEN_K8S_CACHE:-/var/cache/gpuwarden-k8s}
 CACHE=$CACHE_ROOT/$K8S_VERSION
+CTRD_CACHE=$CACHE_ROOT/containerd-$CTRD_VERSION
 
 log() { echo "k8stest: $*" >&2; }
 die() { log "$*"; exit 1; }
 
-# build: one `go build` of the server binaries, kubectl and etcd into
-# $CACHE/bin. A stamp names the inputs (go.sum, which changes with any
-# version or replacement, and the flags), so a changed module graph rebuilds
-# and an unchanged one costs nothing. nice: these machines are
-# shared with timing tests.
+# gobuild MOD DIR WHAT COLD ARGS...: one `go build ARGS` (its flags, then
+# its packages) in the module MOD, into DIR/bin. A stamp names the inputs
+# (go.sum, which changes with any version or replacement, and ARGS), so a
+# changed module graph rebuilds and an unchanged one costs nothing. COLD
+# says how long a build with an empty Go build cache takes. nice: these
+# machines are shared with timing tests.
+gobuild() {
+    local mod=$1 dir=$2 what=$3 cold=$4; shift 4
+    local stamp tmp
+    stamp=$(cat "$mod/go.sum" <(echo "$*") | sha256sum | cut -d' ' -f1)
+    if [ -f "$dir/bin/.stamp" ] && [ "$(cat "$dir/bin/.stamp")" = "$stamp" ]; then
+        return
+    fi
+    log "building $what into $dir/bin (cold: $cold)"
+    mkdir -p "$dir"
+    tmp=$(mktemp -d "$dir/bin.XXXXXX")
+    (cd "$mod" && CGO_ENABLED=0 nice -n 19 "$GO" build -trimpath -o "$tmp/" "$@") ||
+        { rm -rf "$tmp"; die "building $what failed"; }
+    # go names etcd's main package after its module's last element.
+    [ ! -e "$tmp/server" ] || mv "$tmp/server" "$tmp/etcd"
+    echo "$stamp" >"$tmp/.stamp"
+    rm -rf "$dir/bin" && mv "$tmp" "$dir/bin"
+}
+
+# build: the server binaries, kubectl and etcd into $CACHE/bin; containerd,
+# its runc shim and ctr into $CTRD_CACHE/bin. Each with its version linked
+# in, as its own release build does; containerd without cgo, and so
+# without the btrfs, devmapper and zfs snapshotters (overlayfs is used).
 build() {
     local minor=${K8S_VERSION#v1.}; minor=${minor%%.*}
-    local ldflags="" pkg
+    local ldflags="-s -w" pkg
     for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
         ldflags+=" -X $pkg.gitVersion=$K8S_VERSION -X $pkg.gitMajor=1 -X $pkg.gitMinor=$minor -X $pkg.gitTreeState=clean"
     done
-    local stamp
-    stamp=$(cat "$K8S_MOD/go.sum" <(echo "$ldflags") | sha256sum | cut -d' ' -f1)
-    if [ -f "$CACHE/bin/.stamp" ] && [ "$(cat "$CACHE/bin/.stamp")" = "$stamp" ]; then
-        return
-    fi
-    log "building Kubernetes $K8S_VERSION into $CACHE/bin (cold: 10 minutes or more)"
-    mkdir -p "$CACHE"
-    local tmp
-    tmp=$(mktemp -d "$CACHE/bin.XXXXXX")
-    (cd "$K8S_MOD" && CGO_ENABLED=0 nice -n 19 "$GO" build -trimpath -ldflags "-s -w$ldflags" -o "$tmp/" \
+    gobuild "$K8S_MOD" "$CACHE" "Kubernetes $K8S_VERSION" "about 15 minutes on two cores" -ldflags "$ldflags" \
         k8s.io/kubernetes/cmd/kube-apiserver k8s.io/kubernetes/cmd/kube-controller-manager \
         k8s.io/kubernetes/cmd/kube-scheduler k8s.io/kubernetes/cmd/kubelet k8s.io/kubernetes/cmd/kubectl \
-        go.etcd.io/etcd/server/v3) || { rm -rf "$tmp"; die "build failed"; }
-    mv "$tmp/server" "$tmp/etcd" # go names etcd's main package after its module's last element
-    echo "$stamp" >"$tmp/.stamp"
-    rm -rf "$CACHE/bin" && mv "$tmp" "$CACHE/bin"
+        go.etcd.io/etcd/server/v3
+    pkg=github.com/containerd/containerd/v2
+    gobuild "$CTRD_MOD" "$CTRD_CACHE" "containerd $CTRD_VERSION" "about 3 minutes on two cores" \
+        -tags "no_btrfs no_devmapper no_zfs" \
+        -ldflags "-s -w -X $pkg/version.Version=$CTRD_VERSION -X $pkg/version.Package=$pkg" \
+        $pkg/cmd/containerd $pkg/cmd/containerd-shim-runc-v2 $pkg/cmd/ctr
 }
 
 # The cluster's fixed names and addresses. They exist only inside the
@@ -143,7 +170,7 @@ image() {
 }
 
 up() {
-    mkdir -p "$S"/{log,pki,host,images,etcd,kubelet,containerd,cni/net.d,cni/ipam,pod-logs}
+    mkdir -p "$S"/{log,pki,host,images,etcd,kubelet,containerd,cdi,cni/net.d,cni/ipam,pod-logs}
 
     # What the host had before, for teardown.
     local p
@@ -215,27 +242,36 @@ up() {
         --authentication-kubeconfig "$S/admin.kubeconfig" --authorization-kubeconfig "$S/admin.kubeconfig" \
         --bind-address 127.0.0.1 --leader-elect=false --profiling=false
 
-    # containerd 1.6 with everything under $S. restrict_oom_score_adj: root
-    # here lacks CAP_SYS_RESOURCE, and runc fails to lower oom_score_adj.
+    # containerd with everything under $S, in config version 4 (2.3's: the
+    # sockets are the server plugins' settings). restrict_oom_score_adj: root
+    # here lacks CAP_SYS_RESOURCE, and runc fails to lower oom_score_adj. The
+    # pause image is the imported one, pinned (never pulled, never
+    # collected). CDI is always on in containerd 2.x; its specs are read from
+    # $S/cdi alone. NRI is off: its socket would be a host path
+    # (/var/run/nri).
     cat >"$S/containerd/config.toml" <<EOC
-version = 2
+version = 4
 root = "$S/containerd/root"
 state = "$S/containerd/state"
-[grpc]
+[plugins.'io.containerd.server.v1.grpc']
   address = "$S/containerd/containerd.sock"
-[ttrpc]
+[plugins.'io.containerd.server.v1.ttrpc']
   address = "$S/containerd/containerd.sock.ttrpc"
-[plugins."io.containerd.internal.v1.opt"]
+[plugins.'io.containerd.internal.v1.opt']
   path = "$S/containerd/opt"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "gpuwarden.test/pause:1"
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = "gpuwarden.test/pause:1"
+[plugins.'io.containerd.cri.v1.runtime']
   restrict_oom_score_adj = true
-  [plugins."io.containerd.grpc.v1.cri".containerd]
+  cdi_spec_dirs = ["$S/cdi"]
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "/usr/lib/cni"
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["/usr/lib/cni"]
     conf_dir = "$S/cni/net.d"
 EOC
     cat >"$S/cni/net.d/10-gpuwarden.conflist" <<EOC
@@ -244,8 +280,13 @@ EOC
    "ipam": {"type": "host-local", "dataDir": "$S/cni/ipam", "ranges": [[{"subnet": "$POD_CIDR"}]],
             "routes": [{"dst": "0.0.0.0/0"}]}}]}
 EOC
-    start containerd containerd --config "$S/containerd/config.toml"
-    local ctr=(ctr --address "$S/containerd/containerd.sock" -n k8s.io)
+    # containerd starts its shims from PATH: the built one comes first.
+    start containerd env PATH="$CTRD_CACHE/bin:$PATH" "$CTRD_CACHE/bin/containerd" \
+        --config "$S/containerd/config.toml"
+    # ctr warns on every call that containerd deprecates cgroup v1;
+    # deploy/README.md says so once.
+    local ctr=(env CONTAINERD_SUPPRESS_DEPRECATION_WARNINGS=1
+        "$CTRD_CACHE/bin/ctr" --address "$S/containerd/containerd.sock" -n k8s.io)
     wait_for containerd 60 "${ctr[@]}" version
     "${ctr[@]}" images import "$S/images/pause.tar" >/dev/null
     "${ctr[@]}" images import "$S/images/busybox.tar" >/dev/null
@@ -263,7 +304,11 @@ authentication:
 authorization: {mode: Webhook}
 tlsCertFile: "$S/pki/kubelet.crt"
 tlsPrivateKeyFile: "$S/pki/kubelet.key"
+containerRuntimeEndpoint: "unix://$S/containerd/containerd.sock"
 cgroupDriver: cgroupfs
+# The host's cgroups are hybrid (v1 controllers, v2 at /sys/fs/cgroup/unified),
+# which the kubelet counts as cgroup v1 and refuses by default.
+failCgroupV1: false
 failSwapOn: false
 podLogsDir: "$S/pod-logs"
 # A shared test machine: never evict or collect images for disk or memory.
@@ -272,8 +317,7 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 EOC
     start kubelet "$CACHE/bin/kubelet" --config "$S/kubelet/config.yaml" --kubeconfig "$S/kubelet.kubeconfig" \
-        --root-dir "$S/kubelet" --cert-dir "$S/kubelet/pki" --hostname-override "$NODE" --node-ip "$NODE_IP" \
-        --container-runtime-endpoint "unix://$S/containerd/containerd.sock"
+        --root-dir "$S/kubelet" --cert-dir "$S/kubelet/pki" --hostname-override "$NODE" --node-ip "$NODE_IP"
     wait_for "node $NODE Ready" 240 kctl wait --for=condition=Ready "node/$NODE" --timeout=5s
     # Pods are refused until the namespace's service account exists.
     wait_for "the default service account" 120 kctl get serviceaccount default
@@ -384,7 +428,7 @@ unable() {
 preflight() {
     [ "$(id -u)" -eq 0 ] || unable "it needs root"
     local cmd
-    for cmd in nsenter ip containerd runc ctr openssl gcc busybox flock; do
+    for cmd in nsenter ip runc openssl gcc busybox flock; do
         command -v "$cmd" >/dev/null || unable "$cmd is not installed"
     done
     [ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] || unable "the CNI plugins are not in /usr/lib/cni"
@@ -428,6 +472,8 @@ run() {
         GPUWARDEN_K8S_DEVICE_PLUGINS=$DEVICE_PLUGINS \
         GPUWARDEN_K8S_POD_RESOURCES_SOCKET=$S/kubelet/pod-resources/kubelet.sock \
         GPUWARDEN_K8S_CONTAINERD=$S/containerd/containerd.sock \
+        GPUWARDEN_K8S_CTR=$CTRD_CACHE/bin/ctr \
+        GPUWARDEN_K8S_CDI_DIR=$S/cdi \
         setsid nsenter --net="/run/netns/$NS" "$@" <&0 9>&- &
     # In the background, so that a signal to this script ends the wait at
     # once; in a process group of its own (setsid), so that teardown stops

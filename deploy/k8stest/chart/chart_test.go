@@ -96,8 +96,8 @@ func TestChartOnRealNode(t *testing.T) {
 	c := needCluster(t)
 	root := kube.Repo(t)
 	ctx := context.Background()
-	if c.Containerd == "" {
-		t.Fatal("GPUWARDEN_K8S_CONTAINERD is not set: cluster.sh names the cluster's containerd socket")
+	if c.Containerd == "" || c.Ctr == "" {
+		t.Fatal("GPUWARDEN_K8S_CONTAINERD or GPUWARDEN_K8S_CTR is not set: cluster.sh names the cluster's containerd socket and its ctr")
 	}
 	if _, err := os.Stat(c.interposer()); err == nil {
 		t.Fatalf("%s exists before the chart is installed", c.interposer())
@@ -112,7 +112,7 @@ func TestChartOnRealNode(t *testing.T) {
 		// renders, created by the real API server, with the optional
 		// ServiceMonitor, PrometheusRule and dashboards on.
 		{"install", func(t *testing.T) {
-			if err := importImage(root, imageName, c.Containerd, t.TempDir()); err != nil {
+			if err := importImage(root, imageName, c.Ctr, c.Containerd, t.TempDir()); err != nil {
 				t.Fatalf("agent image: %v", err)
 			}
 			c.monitoringCRDs(t)

@@ -184,11 +184,12 @@ func (im *image) layer() ([]byte, error) {
 }
 
 // importImage builds the test's one image from the repository's bin/ and
-// imports it into the cluster's containerd: gpuwarden as the entrypoint,
-// the interposer where the chart's init container copies it from, simgpu's
-// libraries and workload, busybox for the init container's and the
-// workloads' shells, unshare for the workloads' cgroup namespace.
-func importImage(repo, name, containerd, dir string) error {
+// imports it with ctr into the cluster's containerd (at the socket
+// containerd): gpuwarden as the entrypoint, the interposer where the
+// chart's init container copies it from, simgpu's libraries and workload,
+// busybox for the init container's and the workloads' shells, unshare for
+// the workloads' cgroup namespace.
+func importImage(repo, name, ctr, containerd, dir string) error {
 	im := newImage("/usr/local/bin/gpuwarden")
 	bin := filepath.Join(repo, "bin")
 	im.add(filepath.Join(bin, "gpuwarden"), "/usr/local/bin/gpuwarden", true)
@@ -223,7 +224,7 @@ func importImage(repo, name, containerd, dir string) error {
 	if err := im.write(name, file); err != nil {
 		return err
 	}
-	out, err := exec.Command("ctr", "--address", containerd, "-n", "k8s.io", "images", "import", file).CombinedOutput()
+	out, err := exec.Command(ctr, "--address", containerd, "-n", "k8s.io", "images", "import", file).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("ctr images import: %w: %s", err, out)
 	}

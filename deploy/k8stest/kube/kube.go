@@ -25,6 +25,8 @@ type Cluster struct {
 	Kubeconfig    string
 	Kubectl       string
 	Containerd    string // the cluster's containerd socket
+	Ctr           string // containerd's ctr, of the cluster's containerd version
+	CDI           string // the directory the cluster's containerd reads CDI specs from
 	Node          string
 	DevicePlugins string // the kubelet's device-plugins directory
 	PodResources  string // the kubelet's pod-resources socket
@@ -40,6 +42,7 @@ func Need(t *testing.T) *Cluster {
 	t.Helper()
 	c := &Cluster{State: os.Getenv("GPUWARDEN_K8S_STATE"), Kubeconfig: os.Getenv("KUBECONFIG"),
 		Kubectl: os.Getenv("GPUWARDEN_K8S_KUBECTL"), Containerd: os.Getenv("GPUWARDEN_K8S_CONTAINERD"),
+		Ctr: os.Getenv("GPUWARDEN_K8S_CTR"), CDI: os.Getenv("GPUWARDEN_K8S_CDI_DIR"),
 		Node: os.Getenv("GPUWARDEN_K8S_NODE"), DevicePlugins: os.Getenv("GPUWARDEN_K8S_DEVICE_PLUGINS"),
 		PodResources: os.Getenv("GPUWARDEN_K8S_POD_RESOURCES_SOCKET")}
 	if c.State == "" {
