@@ -18,8 +18,8 @@ const DefaultPodResourcesSocket = "/var/lib/kubelet/pod-resources/kubelet.sock"
 // Assignment says that a container holds devices of one resource.
 type Assignment struct {
 	Namespace, Pod, Container string
-	Resource                  string   // "gpuwarden.io/gpu"
-	DeviceIDs                 []string // as the device plugin advertised them
+	Resource                  string   // "gpuwarden.io/gpu"; a DRA driver's name for a claim's device
+	DeviceIDs                 []string // as the device plugin advertised them; a claim device's CDI device ids
 }
 
 // PodResources is a client of the kubelet's pod-resources API.
@@ -42,7 +42,8 @@ func DialPodResources(socket string) (*PodResources, error) {
 func (p *PodResources) Close() error { return p.conn.Close() }
 
 // List returns every container's device assignments for resources whose
-// name satisfies keep.
+// name satisfies keep, and its DRA claims' devices of drivers whose name
+// does (one assignment per claim device, its CDI device ids as the ids).
 func (p *PodResources) List(ctx context.Context, keep func(resource string) bool) ([]Assignment, error) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -61,6 +62,19 @@ func (p *PodResources) List(ctx context.Context, keep func(resource string) bool
 					Namespace: pod.GetNamespace(), Pod: pod.GetName(), Container: c.GetName(),
 					Resource: d.GetResourceName(), DeviceIDs: d.GetDeviceIds(),
 				})
+			}
+			for _, dr := range c.GetDynamicResources() {
+				for _, r := range dr.GetClaimResources() {
+					if !keep(r.GetDriverName()) {
+						continue
+					}
+					a := Assignment{Namespace: pod.GetNamespace(), Pod: pod.GetName(), Container: c.GetName(),
+						Resource: r.GetDriverName()}
+					for _, cdi := range r.GetCdiDevices() {
+						a.DeviceIDs = append(a.DeviceIDs, cdi.GetName())
+					}
+					out = append(out, a)
+				}
 			}
 		}
 	}

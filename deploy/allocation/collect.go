@@ -10,16 +10,22 @@ import (
 const DefaultCollectGrace = 5 * time.Minute
 
 var dirNameRe = regexp.MustCompile(`^(slot|mem|remote)-[A-Za-z0-9-]{0,64}-[0-9a-f]{16}$`)
+var claimDirRe = regexp.MustCompile(`^claim-[A-Za-z0-9_-]{1,64}-[A-Za-z0-9_-]{1,64}$`)
 
 // IsDirName says whether a control directory's name is one DirName makes:
 // an allocation's, whose holder the kubelet's pod-resources API names.
 func IsDirName(name string) bool { return dirNameRe.MatchString(name) }
+
+// IsClaimDirName says whether a control directory's name is one
+// ClaimDirName makes: a DRA claim's, claimed while the claim is prepared.
+func IsClaimDirName(name string) bool { return claimDirRe.MatchString(name) }
 
 // Dir is what the agent saw of one control directory.
 type Dir struct {
 	Name     string
 	Modified time.Time // the directory's mtime: Allocate renames its files in
 	Listed   bool      // pod-resources lists a container holding the ids it is named by
+	Prepared bool      // the DRA driver has the claim it is named by prepared
 	Cgroup   bool      // a cgroup whose key (controlblock.ContainerKey) is its name exists
 }
 
@@ -31,7 +37,8 @@ type Collector struct {
 }
 
 // Dead returns the directories to remove, sorted. A directory is claimed by
-// its holder: an allocation's (IsDirName) while pod-resources lists it, any
+// its holder: an allocation's (IsDirName) while pod-resources lists it, a
+// DRA claim's (IsClaimDirName) while the driver has the claim prepared, any
 // other (made by the interposer, off Kubernetes) while its cgroup exists;
 // kubeletKnown false (no answer this time) claims every allocation's, since
 // a pod that is gone cannot be told from a kubelet that is down. One
@@ -47,8 +54,11 @@ func (c *Collector) Dead(now time.Time, dirs []Dir, kubeletKnown bool, inUse fun
 	for _, d := range dirs {
 		seen[d.Name] = true
 		claimed := d.Cgroup
-		if IsDirName(d.Name) {
+		switch {
+		case IsDirName(d.Name):
 			claimed = d.Listed || !kubeletKnown
+		case IsClaimDirName(d.Name):
+			claimed = d.Prepared
 		}
 		if claimed {
 			delete(c.unclaimed, d.Name)

@@ -22,12 +22,41 @@ func TestIsDirName(t *testing.T) {
 			t.Errorf("IsDirName(%q) = %v, want %v", name, got, want)
 		}
 	}
+	for name, want := range map[string]bool{
+		ClaimDirName("6f1c2a8e-0d3b-4c55-9a1e-2b7d8c9e0f11", "gpu-0"): true,
+		ClaimDirName("../..", "gpu-0"):                                true, // sanitized: one path element
+		"claim-x/y-gpu-0":                                             false,
+		DirName([]string{"GPU-5f1c::mem-0"}):                          false,
+	} {
+		if got := IsClaimDirName(name); got != want {
+			t.Errorf("IsClaimDirName(%q) = %v, want %v", name, got, want)
+		}
+	}
+}
+
+func TestDirOf(t *testing.T) {
+	uid := "6f1c2a8e-0d3b-4c55-9a1e-2b7d8c9e0f11"
+	for _, c := range []struct {
+		ids  []string
+		want string
+	}{
+		{[]string{ClaimCDIKind + "=" + ClaimDirName(uid, "gpu-1")}, ClaimDirName(uid, "gpu-1")},
+		{[]string{"GPU-5f1c::mem-0", "GPU-5f1c::mem-1"}, DirName([]string{"GPU-5f1c::mem-1", "GPU-5f1c::mem-0"})},
+		// Not a claim device of ours: named as ids are, never as the path it says.
+		{[]string{ClaimCDIKind + "=../../etc"}, DirName([]string{ClaimCDIKind + "=../../etc"})},
+		{[]string{"other.vendor/gpu=claim-" + uid + "-gpu-1"}, DirName([]string{"other.vendor/gpu=claim-" + uid + "-gpu-1"})},
+	} {
+		if got := DirOf(c.ids); got != c.want {
+			t.Errorf("DirOf(%q) = %q, want %q", c.ids, got, c.want)
+		}
+	}
 }
 
 func TestCollectorDead(t *testing.T) {
 	const grace = 5 * time.Minute
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	alloc := DirName([]string{"GPU-a::mem-0"})
+	claimDir := ClaimDirName("6f1c2a8e-0d3b-4c55-9a1e-2b7d8c9e0f11", "gpu-0")
 	type step struct {
 		at      time.Duration // since t0
 		dir     Dir           // Name defaults to alloc, Modified to t0
@@ -89,6 +118,12 @@ func TestCollectorDead(t *testing.T) {
 		{"an allocation is not kept by a cgroup's name", []step{
 			{at: 0, dir: Dir{Cgroup: true}},
 			{at: grace, dir: Dir{Cgroup: true}, dead: true},
+		}},
+		{"a DRA claim's directory: kept while prepared, whatever the kubelet lists", []step{
+			{at: 0, dir: Dir{Name: claimDir, Prepared: true}, unknown: true},
+			{at: time.Hour, dir: Dir{Name: claimDir, Prepared: true}},
+			{at: time.Hour + grace, dir: Dir{Name: claimDir, Listed: true, Cgroup: true}},
+			{at: time.Hour + 2*grace, dir: Dir{Name: claimDir}, unknown: true, dead: true},
 		}},
 		{"a directory that went and came back starts over", []step{
 			{at: 0},

@@ -37,6 +37,11 @@ type Grant struct {
 	// slots are k shares of the GPU's time), 0 (not set, the interposer's
 	// default 1) for memory.
 	Weight uint32
+	// CapPercent caps the container's compute share (percent of the GPU;
+	// 0: no cap) and HighPriority lets it preempt normal containers: a DRA
+	// claim's ShareConfig sets them.
+	CapPercent   uint32
+	HighPriority bool
 	// Dir is the control directory's name under the control dir: DirName(ids).
 	Dir string
 }
@@ -144,8 +149,39 @@ func (g Grant) Env(withPreload bool) map[string]string {
 	if g.Weight > 0 {
 		env["GPUWARDEN_COMPUTE_WEIGHT"] = fmt.Sprint(g.Weight)
 	}
+	if g.CapPercent > 0 {
+		env["GPUWARDEN_COMPUTE_LIMIT"] = fmt.Sprint(g.CapPercent)
+	}
+	if g.HighPriority {
+		env["GPUWARDEN_PRIORITY"] = vocab.PriorityHigh
+	}
 	if withPreload {
 		env["LD_PRELOAD"] = ContainerInterposer
 	}
 	return env
+}
+
+// ClaimCDIKind is the CDI kind of DRA claims' devices: "<kind>=<name>"
+// names one, its name the claim device's ClaimDirName.
+const ClaimCDIKind = "gpu.gpuwarden.io/claim"
+
+// DirOf is the control directory of what the kubelet's pod-resources API
+// lists for one container's request: a DRA claim device's CDI device id
+// names it (ClaimCDIKind), a device plugin allocation's ids make it
+// (DirName).
+func DirOf(ids []string) string {
+	if len(ids) == 1 {
+		if name, ok := strings.CutPrefix(ids[0], ClaimCDIKind+"="); ok && IsClaimDirName(name) {
+			return name
+		}
+	}
+	return DirName(ids)
+}
+
+// ClaimDirName is the control directory of a DRA claim's device: a
+// function of the claim's UID and the device's name alone, so the driver
+// finds it again from the UID the kubelet unprepares, even after a restart.
+// Form: "claim-<uid>-<device>", each part kept to safe characters.
+func ClaimDirName(claimUID, device string) string {
+	return "claim-" + sanitize(claimUID) + "-" + sanitize(device)
 }

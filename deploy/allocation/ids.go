@@ -1,9 +1,9 @@
 // Package allocation holds every decision about GPU shares that does not
 // depend on how they are requested: the resources and their device ids,
 // which GPU an id belongs to, which ids to prefer, the control directory of
-// an allocation and the environment a container gets. The kubelet device
-// plugin (deploy/deviceplugin) calls it today; a DRA driver will call the
-// same functions, so both hand out shares the same way.
+// an allocation and what a container gets. The kubelet device plugin
+// (deploy/deviceplugin) and the DRA driver (deploy/dra) call the same
+// functions, so both hand out shares the same way.
 package allocation
 
 import (

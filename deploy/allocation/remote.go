@@ -13,6 +13,11 @@ const (
 	ContainerRemoteLib = "/usr/local/gpuwarden/remote"
 )
 
+// ControlFiles are the files a control directory may hold: the agent's
+// limits, the container's usage, the ld.so.preload a grant writes, a
+// remote allocation's grant. Nothing else is removed with a directory.
+var ControlFiles = []string{"limits", "usage", "ld.so.preload", session.GrantFile}
+
 // RemoteEnv is the environment of a container with remote GPU slots: the
 // relay's socket, and the client library first on the library path.
 func RemoteEnv() map[string]string {

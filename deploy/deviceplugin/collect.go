@@ -15,13 +15,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/collector/kubelet"
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
-	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
 )
-
-// controlFiles are the files a control directory may hold: the agent's
-// limits, the container's usage, the ld.so.preload Allocate writes, a
-// remote allocation's grant. Nothing else is removed.
-var controlFiles = []string{"limits", "usage", "ld.so.preload", session.GrantFile}
 
 // Sweeper removes the control directories nobody holds any more: those of
 // allocations whose pods are gone and those the interposer made for
@@ -32,6 +26,9 @@ type Sweeper struct {
 	// Listed returns the names (allocation.DirName) of the allocations
 	// pod-resources lists; nil off Kubernetes.
 	Listed func(context.Context) (map[string]bool, error)
+	// Prepared returns the names (allocation.ClaimDirName) of the DRA
+	// claims the driver has prepared; nil without the DRA driver.
+	Prepared func() (map[string]bool, error)
 	// CgroupKeys returns the key of every cgroup (controlblock.ContainerKey);
 	// nil when the cgroup tree is unknown.
 	CgroupKeys func() (map[string]bool, error)
@@ -88,6 +85,15 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) ([]string, error) {
 		s.Lock.Lock()
 		defer s.Lock.Unlock()
 	}
+	// Read under the lock: a claim being prepared is seen with its directory.
+	prepared, preparedKnown := map[string]bool{}, s.Prepared == nil
+	if s.Prepared != nil {
+		p, err := s.Prepared()
+		if err == nil {
+			prepared, preparedKnown = p, true
+		}
+		errs = append(errs, err)
+	}
 	entries, err := os.ReadDir(s.ControlDir)
 	if errors.Is(err, os.ErrNotExist) {
 		return nil, errors.Join(errs...)
@@ -105,7 +111,7 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) ([]string, error) {
 			continue
 		}
 		dirs = append(dirs, allocation.Dir{Name: e.Name(), Modified: time.Unix(st.Mtim.Unix()),
-			Listed: listed[e.Name()], Cgroup: keys[e.Name()] || !keysKnown})
+			Listed: listed[e.Name()], Prepared: prepared[e.Name()] || !preparedKnown, Cgroup: keys[e.Name()] || !keysKnown})
 	}
 	dead := s.Collector.Dead(now, dirs, kubeletKnown, func(names []string) map[string]bool {
 		return mappedBy(s.ProcRoot, s.ControlDir, names)
@@ -118,7 +124,7 @@ func (s *Sweeper) Sweep(ctx context.Context, now time.Time) ([]string, error) {
 				continue
 			}
 		}
-		if err := controlblock.RemoveDir(s.ControlDir, name, controlFiles...); err != nil {
+		if err := controlblock.RemoveDir(s.ControlDir, name, allocation.ControlFiles...); err != nil {
 			errs = append(errs, err)
 			continue
 		}
@@ -135,7 +141,7 @@ func mappedBy(procRoot, controlDir string, names []string) map[string]bool {
 	owner := map[controlblock.FileID]string{}
 	want := map[controlblock.FileID]bool{}
 	for _, name := range names {
-		for _, f := range controlFiles {
+		for _, f := range allocation.ControlFiles {
 			var st unix.Stat_t
 			if unix.Lstat(filepath.Join(controlDir, name, f), &st) == nil && st.Mode&unix.S_IFMT == unix.S_IFREG {
 				id := controlblock.FileOf(&st)

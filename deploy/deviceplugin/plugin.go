@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
+	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
 	"github.com/gpuwarden/gpuwarden/enforcer/vocab"
 )
@@ -134,7 +135,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 		}
 	}()
 	kubelet := filepath.Join(p.cfg.KubeletDir, kubeletSocket)
-	var kubeletID fileID
+	var kubeletID controlblock.FileID
 	register := func(s *server) {
 		if err := s.register(ctx, kubelet); err != nil {
 			p.log.Warn("register with the kubelet", "resource", s.kind.Resource(), "err", err)
@@ -145,7 +146,7 @@ func (p *Plugin) Run(ctx context.Context) error {
 		p.log.Info("registered with the kubelet", "resource", s.kind.Resource(), "endpoint", s.endpoint)
 	}
 	check := func() {
-		id, kubeletUp := statID(kubelet)
+		id, kubeletUp := controlblock.StatFile(kubelet)
 		restarted := kubeletUp && id != kubeletID
 		kubeletID = id
 		for _, s := range servers {

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"google.golang.org/grpc"
@@ -18,6 +17,7 @@ import (
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
+	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 )
 
 // kubeletSocket is the kubelet's registration socket in its device-plugins directory.
@@ -29,17 +29,6 @@ func Endpoint(k allocation.Kind) string {
 	return "gpuwarden-" + strings.TrimPrefix(k.Resource(), "gpuwarden.io/") + ".sock"
 }
 
-// fileID tells a file from the one made before it at the same path.
-type fileID struct{ dev, ino uint64 }
-
-func statID(path string) (fileID, bool) {
-	var st syscall.Stat_t
-	if err := syscall.Stat(path, &st); err != nil {
-		return fileID{}, false
-	}
-	return fileID{uint64(st.Dev), st.Ino}, true
-}
-
 // server is one resource's plugin: a gRPC server on its own socket.
 type server struct {
 	pluginapi.UnimplementedDevicePluginServer
@@ -48,7 +37,7 @@ type server struct {
 	endpoint   string
 	socket     string
 	grpc       *grpc.Server
-	id         fileID // the socket file this server made
+	id         controlblock.FileID // the socket file this server made
 	registered bool
 }
 
@@ -68,7 +57,7 @@ func (s *server) start() error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
-	s.id, _ = statID(s.socket)
+	s.id, _ = controlblock.StatFile(s.socket)
 	s.grpc = grpc.NewServer()
 	pluginapi.RegisterDevicePluginServer(s.grpc, s)
 	go func(g *grpc.Server) { _ = g.Serve(lis) }(s.grpc)
@@ -81,7 +70,7 @@ func (s *server) alive() bool {
 	if s.grpc == nil {
 		return false
 	}
-	id, ok := statID(s.socket)
+	id, ok := controlblock.StatFile(s.socket)
 	return ok && id == s.id
 }
 
@@ -92,7 +81,7 @@ func (s *server) stop() {
 	}
 	s.grpc.Stop()
 	s.grpc = nil
-	if id, ok := statID(s.socket); ok && id == s.id {
+	if id, ok := controlblock.StatFile(s.socket); ok && id == s.id {
 		os.Remove(s.socket)
 	}
 }

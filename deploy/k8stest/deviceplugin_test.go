@@ -65,17 +65,24 @@ func startAgent(t *testing.T, c *cluster) string {
 		"GPUWARDEN_DEVICE_PLUGIN_KUBELET_DIR="+c.DevicePlugins,
 		"GPUWARDEN_DEVICE_PLUGIN_INTERPOSER_PATH="+kube.Bin(t, "libgpuwarden.so"),
 	)
-	logPath := filepath.Join(dir, "agent.log")
+	startLogged(t, filepath.Join(dir, "agent.log"), cmd)
+	return control
+}
+
+// startLogged starts cmd with its output in logPath, which the test's log
+// shows if the test fails. It dies with the test process, even when a
+// timeout kills it before the cleanups run; at the end it gets SIGINT, and
+// SIGKILL 30 s later.
+func startLogged(t *testing.T, logPath string, cmd *exec.Cmd) {
+	t.Helper()
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	cmd.Stdout, cmd.Stderr = logFile, logFile
-	// The agent dies with the test process even when a timeout kills it
-	// before the cleanups run.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
-		t.Fatalf("start agent: %v", err)
+		t.Fatalf("start %s: %v", cmd.Path, err)
 	}
 	t.Cleanup(func() {
 		_ = cmd.Process.Signal(os.Interrupt)
@@ -90,10 +97,9 @@ func startAgent(t *testing.T, c *cluster) string {
 		logFile.Close()
 		if t.Failed() {
 			b, _ := os.ReadFile(logPath)
-			t.Logf("agent log:\n%s", b)
+			t.Logf("%s:\n%s", logPath, b)
 		}
 	})
-	return control
 }
 
 // ownEnv is the test's environment without gpuwarden's and simgpu's

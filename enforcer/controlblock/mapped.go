@@ -17,6 +17,17 @@ type FileID struct{ Dev, Ino uint64 }
 // FileOf is the FileID of a stat result.
 func FileOf(st *unix.Stat_t) FileID { return FileID{Dev: st.Dev, Ino: st.Ino} }
 
+// StatFile is the FileID of the file at path (links followed), and
+// whether there is one: it tells a file, a socket say, from the one made
+// before it at the same path.
+func StatFile(path string) (FileID, bool) {
+	var st unix.Stat_t
+	if unix.Stat(path, &st) != nil {
+		return FileID{}, false
+	}
+	return FileOf(&st), true
+}
+
 // MappedFiles returns which of want a process maps. The interposer keeps its
 // container's control files mapped for the life of the process, in whatever
 // mount namespace, and maps names them by device and inode, so this tells

@@ -31,6 +31,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	resourcev1 "k8s.io/api/resource/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"sigs.k8s.io/yaml"
@@ -87,6 +88,7 @@ type objects struct {
 	ServiceAccounts     []corev1.ServiceAccount
 	ClusterRoles        []rbacv1.ClusterRole
 	ClusterRoleBindings []rbacv1.ClusterRoleBinding
+	DeviceClasses       []resourcev1.DeviceClass
 	Custom              map[string]map[string]any // kind -> object (CRDs)
 }
 
@@ -137,6 +139,10 @@ func decode(t *testing.T, manifests map[string]string) objects {
 			var x rbacv1.ClusterRoleBinding
 			strict(doc, &x)
 			o.ClusterRoleBindings = append(o.ClusterRoleBindings, x)
+		case "resource.k8s.io/v1 DeviceClass":
+			var x resourcev1.DeviceClass
+			strict(doc, &x)
+			o.DeviceClasses = append(o.DeviceClasses, x)
 		case "monitoring.coreos.com/v1 ServiceMonitor", "monitoring.coreos.com/v1 PrometheusRule":
 			var x map[string]any
 			strict(doc, &x)
@@ -632,6 +638,64 @@ func TestRemoteClientNode(t *testing.T) {
 		t.Errorf("config.yaml lacks the servers:\n%s", cfg)
 	}
 	checkConfig(t, cfg)
+}
+
+// The DRA driver: its DeviceClass, the RBAC it needs, the kubelet's and the
+// runtime's directories at the agent's paths; never beside the device plugin.
+func TestDRA(t *testing.T) {
+	m, _, err := render(t, map[string]any{"config": map[string]any{
+		"dra": map[string]any{"enabled": true}, "devicePlugin": map[string]any{"enabled": false}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := decode(t, m)
+	if len(o.DeviceClasses) != 1 || o.DeviceClasses[0].Name != "gpu.gpuwarden.io" ||
+		o.DeviceClasses[0].Spec.Selectors[0].CEL.Expression != `device.driver == "gpu.gpuwarden.io"` {
+		t.Errorf("device classes %+v", o.DeviceClasses)
+	}
+	var slices, claims bool
+	for _, r := range o.ClusterRoles[0].Rules {
+		for _, res := range r.Resources {
+			slices = slices || res == "resourceslices" && strings.Contains(strings.Join(r.Verbs, ","), "create")
+			claims = claims || res == "resourceclaims" && strings.Join(r.Verbs, ",") == "get"
+		}
+	}
+	if !slices || !claims {
+		t.Errorf("RBAC rules %+v lack resourceslices or resourceclaims", o.ClusterRoles[0].Rules)
+	}
+	spec := o.DaemonSets[0].Spec.Template.Spec
+	hostPaths := map[string]string{}
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil {
+			hostPaths[v.Name] = v.HostPath.Path
+		}
+	}
+	mounts := map[string]string{}
+	for _, vm := range spec.Containers[0].VolumeMounts {
+		mounts[vm.Name] = vm.MountPath
+	}
+	// The agent names these paths to the kubelet and the runtime: the same on both sides.
+	for name, want := range map[string]string{"dra-registrar": "/var/lib/kubelet/plugins_registry",
+		"dra-plugin": "/var/lib/kubelet/plugins/gpu.gpuwarden.io", "cdi": "/var/run/cdi"} {
+		if hostPaths[name] != want || mounts[name] != want {
+			t.Errorf("volume %s: host path %q mounted at %q, want %q", name, hostPaths[name], mounts[name], want)
+		}
+	}
+	checkConfig(t, o.ConfigMaps[0].Data["config.yaml"])
+
+	// Defaults: no DeviceClass, no DRA rules or volumes.
+	m, _, err = render(t, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if o := decode(t, m); len(o.DeviceClasses) != 0 || strings.Contains(fmt.Sprint(o.ClusterRoles[0].Rules), "resourceslices") {
+		t.Errorf("the DRA driver's objects without config.dra.enabled: %+v", o.DeviceClasses)
+	}
+
+	_, _, err = render(t, map[string]any{"config": map[string]any{"dra": map[string]any{"enabled": true}}})
+	if err == nil || !strings.Contains(err.Error(), "set config.devicePlugin.enabled false") {
+		t.Errorf("DRA beside the device plugin: %v, want a refusal that says what to change", err)
+	}
 }
 
 // The chart reads the rules and dashboards through links into dashboards/,

@@ -94,6 +94,7 @@ func (c *cluster) simgpuState() string {
 // each needs the ones before it.
 func TestChartOnRealNode(t *testing.T) {
 	c := needCluster(t)
+	top := t // the steps' cleanups run when the whole test ends
 	root := kube.Repo(t)
 	ctx := context.Background()
 	if c.Containerd == "" || c.Ctr == "" {
@@ -116,12 +117,8 @@ func TestChartOnRealNode(t *testing.T) {
 				t.Fatalf("agent image: %v", err)
 			}
 			c.monitoringCRDs(t)
-			// The chart's nodeSelector: GPU nodes, as NVIDIA's feature discovery labels them.
-			patch := []byte(`{"metadata":{"labels":{"nvidia.com/gpu.present":"true"}}}`)
-			if _, err := c.Client.CoreV1().Nodes().Patch(ctx, c.Node, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
-				t.Fatalf("label node: %v", err)
-			}
-			rel := c.helmInstall(t)
+			c.labelGPUNode(t)
+			rel := c.helmInstall(t, top)
 			if rel.Info.Status != release.StatusDeployed {
 				t.Fatalf("release %s: %s", rel.Name, rel.Info.Status)
 			}
@@ -179,24 +176,11 @@ func TestChartOnRealNode(t *testing.T) {
 		// and the agent reports the limit and the refusals under the pod's
 		// name.
 		{"quota", func(t *testing.T) {
-			if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: podNamespace}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
-				t.Fatal(err)
-			}
-			c.workloadPod(t, "quota", resGPU, 1, nil,
-				"/usr/local/simgpu/workload --alloc 3Gi --hold >/tmp/holder & "+
-					"until grep -q ready /tmp/holder; do sleep 0.2; done; cat /tmp/holder; "+
-					"while :; do /usr/local/simgpu/workload --try-alloc 2Gi --steps 1; sleep 1; done")
+			c.workloadNamespace(t, top, podNamespace)
+			c.workloadPod(t, "quota", resGPU, 1, nil, overQuota("3Gi", "2Gi"))
 			c.running(t, podNamespace, "quota")
 			c.tryAllocs(t, "quota", 1)
-			kube.Eventually(t, 2*time.Minute, "the agent reports quota's limit and refusals", func() error {
-				if v, err := podValue(agent, "gpuwarden_container_gpu_memory_limit_bytes", "quota", nil); err != nil || v != 4*gib {
-					return fmt.Errorf("gpu_memory_limit_bytes %v (%v), want 4 GiB", v, err)
-				}
-				if v, err := podValue(agent, "gpuwarden_container_gpu_memory_alloc_failures_total", "quota", map[string]string{"reason": "quota"}); err != nil || v < 1 {
-					return fmt.Errorf("alloc_failures_total{reason=quota} %v (%v), want 1 or more", v, err)
-				}
-				return nil
-			})
+			reportsQuota(t, agent, "quota", 4*gib)
 		}},
 
 		// Two busy pods on the one GPU, weights 1 and 2 from their
@@ -232,36 +216,7 @@ func TestChartOnRealNode(t *testing.T) {
 				}
 				return nil
 			})
-			var limits [2]float64
-			kube.Eventually(t, 2*time.Minute, "the targets follow the weights", func() error {
-				for i, pod := range []string{"w1", "w2"} {
-					v, err := podValue(agent, "gpuwarden_container_compute_limit_ratio", pod, nil)
-					if err != nil || v <= 0 {
-						return fmt.Errorf("%s: compute_limit_ratio %v (%v)", pod, v, err)
-					}
-					limits[i] = v
-				}
-				if r := limits[1] / limits[0]; math.Abs(r-2) > 0.1 {
-					return fmt.Errorf("targets %v: w2/w1 %.2f, want 2", limits, r)
-				}
-				return nil
-			})
-			// What they got: NVML's per-process utilization, summed over 20 samples.
-			var got [2]float64
-			for range 20 {
-				time.Sleep(time.Second)
-				for i, pod := range []string{"w1", "w2"} {
-					v, err := podValue(agent, "gpuwarden_container_compute_share_ratio", pod, nil)
-					if err != nil {
-						t.Fatal(err)
-					}
-					got[i] += v
-				}
-			}
-			if got[0] <= 0 || got[1]/got[0] < 1.3 || got[1]/got[0] > 3.5 {
-				t.Errorf("device time w1 %.2f, w2 %.2f: ratio %.2f, want about 2 (1.3-3.5)", got[0], got[1], got[1]/got[0])
-			}
-			t.Logf("targets %.3f:%.3f; device time w1 %.2f, w2 %.2f (ratio %.2f)", limits[0], limits[1], got[0], got[1], got[1]/got[0])
+			holdsWeights(t, agent, "w1", "w2")
 		}},
 
 		// A container that crashes is started again by the kubelet in a new
@@ -408,36 +363,12 @@ func TestChartOnRealNode(t *testing.T) {
 }
 
 // helmInstall is `helm install gpuwarden deploy/helm/gpuwarden -n gpu-system
-// --create-namespace` with the test's values, through Helm's Go packages.
-func (c *cluster) helmInstall(t *testing.T) *release.Release {
+// --create-namespace` with the test's values, through Helm's Go packages;
+// the release is uninstalled when owner (the test the steps are of) ends.
+func (c *cluster) helmInstall(t, owner *testing.T) *release.Release {
 	t.Helper()
-	ch, err := loader.Load(chartDir)
-	if err != nil {
-		t.Fatalf("load chart: %v", err)
-	}
-	flags := genericclioptions.NewConfigFlags(false)
-	flags.KubeConfig = &c.Kubeconfig
-	ns := namespace
-	flags.Namespace = &ns
-	cfg := new(action.Configuration)
-	if err := cfg.Init(flags, namespace, "secret", func(string, ...any) {}); err != nil {
-		t.Fatalf("helm: %v", err)
-	}
-	in := action.NewInstall(cfg)
-	in.ReleaseName, in.Namespace, in.CreateNamespace, in.Timeout = releaseName, namespace, true, 5*time.Minute
-	node, err := c.Client.CoreV1().Nodes().Get(context.Background(), c.Node, metav1.GetOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var nodeIP string
-	for _, a := range node.Status.Addresses {
-		if a.Type == corev1.NodeInternalIP {
-			nodeIP = a.Address
-		}
-	}
-	vals := map[string]any{
-		"fullnameOverride": "gpuwarden",
-		"image":            map[string]any{"repository": strings.Split(imageName, ":")[0], "tag": strings.Split(imageName, ":")[1], "pullPolicy": "Never"},
+	return c.helmInstallValues(t, owner, releaseName, map[string]any{
+		"fullnameOverride": releaseName,
 		"config": map[string]any{
 			"controlDir":      c.controlDir(),
 			"controlDirGrace": "10s",
@@ -454,17 +385,73 @@ func (c *cluster) helmInstall(t *testing.T) *release.Release {
 			map[string]any{"name": "SIMGPU_STATE", "value": c.simgpuState()},
 			map[string]any{"name": "SIMGPU_DEVICES", "value": "1"},
 			map[string]any{"name": "SIMGPU_MEMORY", "value": simMemory},
-			map[string]any{"name": "GPUWARDEN_KUBERNETES_API_SERVER", "value": "https://" + nodeIP + ":6443"},
 		},
 		"serviceMonitor": map[string]any{"enabled": true},
 		"prometheusRule": map[string]any{"enabled": true},
 		"dashboards":     map[string]any{"enabled": true},
+	})
+}
+
+// labelGPUNode labels the node for the chart's nodeSelector: a GPU node,
+// as NVIDIA's feature discovery labels one.
+func (c *cluster) labelGPUNode(t *testing.T) {
+	t.Helper()
+	patch := []byte(`{"metadata":{"labels":{"nvidia.com/gpu.present":"true"}}}`)
+	if _, err := c.Client.CoreV1().Nodes().Patch(context.Background(), c.Node, types.StrategicMergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatalf("label node: %v", err)
 	}
+}
+
+// helmInstallValues installs release name with vals, the agent's image and
+// its API server added (env entries appended to vals' own), until owner
+// ends.
+func (c *cluster) helmInstallValues(t, owner *testing.T, name string, vals map[string]any) *release.Release {
+	t.Helper()
+	ch, err := loader.Load(chartDir)
+	if err != nil {
+		t.Fatalf("load chart: %v", err)
+	}
+	cfg := c.helmConfig(t)
+	in := action.NewInstall(cfg)
+	in.ReleaseName, in.Namespace, in.CreateNamespace, in.Timeout = name, namespace, true, 5*time.Minute
+	node, err := c.Client.CoreV1().Nodes().Get(context.Background(), c.Node, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var nodeIP string
+	for _, a := range node.Status.Addresses {
+		if a.Type == corev1.NodeInternalIP {
+			nodeIP = a.Address
+		}
+	}
+	vals["image"] = map[string]any{"repository": strings.Split(imageName, ":")[0], "tag": strings.Split(imageName, ":")[1], "pullPolicy": "Never"}
+	env, _ := vals["env"].([]any)
+	vals["env"] = append(env, map[string]any{"name": "GPUWARDEN_KUBERNETES_API_SERVER", "value": "https://" + nodeIP + ":6443"})
 	rel, err := in.Run(ch, vals)
 	if err != nil {
 		t.Fatalf("helm install: %v", err)
 	}
+	owner.Cleanup(func() {
+		un := action.NewUninstall(c.helmConfig(owner))
+		un.Wait, un.Timeout = true, 3*time.Minute
+		if _, err := un.Run(name); err != nil {
+			owner.Errorf("helm uninstall %s: %v", name, err)
+		}
+	})
 	return rel
+}
+
+func (c *cluster) helmConfig(t *testing.T) *action.Configuration {
+	t.Helper()
+	flags := genericclioptions.NewConfigFlags(false)
+	flags.KubeConfig = &c.Kubeconfig
+	ns := namespace
+	flags.Namespace = &ns
+	cfg := new(action.Configuration)
+	if err := cfg.Init(flags, namespace, "secret", func(string, ...any) {}); err != nil {
+		t.Fatalf("helm: %v", err)
+	}
+	return cfg
 }
 
 // monitoringCRDs installs minimal CRDs for the Prometheus Operator's two
@@ -501,6 +488,95 @@ func (c *cluster) monitoringCRDs(t *testing.T) {
 			return fmt.Errorf("conditions %v", conds)
 		})
 	}
+}
+
+// overQuota is a workload script that holds hold, then asks for more again
+// and again, once a second.
+func overQuota(hold, more string) string {
+	return "/usr/local/simgpu/workload --alloc " + hold + " --hold >/tmp/holder & " +
+		"until grep -q ready /tmp/holder; do sleep 0.2; done; cat /tmp/holder; " +
+		"while :; do /usr/local/simgpu/workload --try-alloc " + more + " --steps 1; sleep 1; done"
+}
+
+// reportsQuota waits for the agent to report pod's memory limit and the
+// allocations its quota refused.
+func reportsQuota(t *testing.T, agent, pod string, limit float64) {
+	t.Helper()
+	kube.Eventually(t, 2*time.Minute, "the agent reports "+pod+"'s limit and refusals", func() error {
+		if v, err := podValue(agent, "gpuwarden_container_gpu_memory_limit_bytes", pod, nil); err != nil || v != limit {
+			return fmt.Errorf("gpu_memory_limit_bytes %v (%v), want %v", v, err, limit)
+		}
+		if v, err := podValue(agent, "gpuwarden_container_gpu_memory_alloc_failures_total", pod, map[string]string{"reason": "quota"}); err != nil || v < 1 {
+			return fmt.Errorf("alloc_failures_total{reason=quota} %v (%v), want 1 or more", v, err)
+		}
+		return nil
+	})
+}
+
+// holdsWeights checks that pods w1 and w2, busy on one GPU at weights 1
+// and 2, are held to targets of 1:2 and get device time near it (wide
+// bounds: a shared 2-core machine).
+func holdsWeights(t *testing.T, agent, w1, w2 string) {
+	t.Helper()
+	var limits [2]float64
+	kube.Eventually(t, 2*time.Minute, "the targets follow the weights", func() error {
+		for i, pod := range []string{w1, w2} {
+			v, err := podValue(agent, "gpuwarden_container_compute_limit_ratio", pod, nil)
+			if err != nil || v <= 0 {
+				return fmt.Errorf("%s: compute_limit_ratio %v (%v)", pod, v, err)
+			}
+			limits[i] = v
+		}
+		if r := limits[1] / limits[0]; math.Abs(r-2) > 0.1 {
+			return fmt.Errorf("targets %v: %s/%s %.2f, want 2", limits, w2, w1, r)
+		}
+		return nil
+	})
+	// What they got: NVML's per-process utilization, summed over 20 samples.
+	var got [2]float64
+	for range 20 {
+		time.Sleep(time.Second)
+		for i, pod := range []string{w1, w2} {
+			v, err := podValue(agent, "gpuwarden_container_compute_share_ratio", pod, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[i] += v
+		}
+	}
+	if got[0] <= 0 || got[1]/got[0] < 1.3 || got[1]/got[0] > 3.5 {
+		t.Errorf("device time %s %.2f, %s %.2f: ratio %.2f, want about 2 (1.3-3.5)", w1, got[0], w2, got[1], got[1]/got[0])
+	}
+	t.Logf("targets %.3f:%.3f; device time %s %.2f, %s %.2f (ratio %.2f)", limits[0], limits[1], w1, got[0], w2, got[1], got[1]/got[0])
+}
+
+// workloadNamespace makes namespace ns for the test's workloads and, when
+// owner ends, deletes it and waits until its pods are gone, before the
+// agent that serves them is uninstalled (cleanups run last first).
+func (c *cluster) workloadNamespace(t, owner *testing.T, ns string) {
+	t.Helper()
+	ctx := context.Background()
+	if _, err := c.Client.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	owner.Cleanup(func() {
+		if err := c.Client.CoreV1().Namespaces().Delete(ctx, ns, metav1.DeleteOptions{}); err != nil {
+			owner.Errorf("delete namespace %s: %v", ns, err)
+			return
+		}
+		deadline := time.Now().Add(3 * time.Minute)
+		for {
+			_, err := c.Client.CoreV1().Namespaces().Get(ctx, ns, metav1.GetOptions{})
+			if apierrors.IsNotFound(err) {
+				return
+			}
+			if time.Now().After(deadline) {
+				owner.Errorf("namespace %s not gone within 3 minutes (%v)", ns, err)
+				return
+			}
+			time.Sleep(time.Second)
+		}
+	})
 }
 
 func (c *cluster) get(t *testing.T, group, resource, name string) *unstructured.Unstructured {
@@ -576,7 +652,7 @@ func (c *cluster) tryAllocs(t *testing.T, pod string, n int) int {
 		for _, line := range strings.Split(out, "\n") {
 			if res, ok := strings.CutPrefix(line, "try-alloc "); ok {
 				if res != "CUDA_ERROR_OUT_OF_MEMORY" {
-					t.Fatalf("%s: an allocation over its 4 GiB quota returned %s", pod, res)
+					t.Fatalf("%s: an allocation over its quota returned %s", pod, res)
 				}
 				tries++
 			}

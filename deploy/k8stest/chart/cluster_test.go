@@ -59,8 +59,24 @@ func (c *cluster) workloadPod(t *testing.T, name string, res corev1.ResourceName
 
 // workloadSpec is workloadPod's pod, not created yet.
 func (c *cluster) workloadSpec(name string, res corev1.ResourceName, n int64, annotations map[string]string, script string) *corev1.Pod {
+	p := simgpuPod(name, simgpuMachine{state: c.simgpuState(), devices: 1, memory: simMemory}, script)
+	p.Annotations = annotations
+	p.Spec.Containers[0].Resources = corev1.ResourceRequirements{Limits: corev1.ResourceList{res: *resource.NewQuantity(n, resource.DecimalSI)}}
+	return p
+}
+
+// simgpuMachine is the simulated machine an agent and its workloads share.
+type simgpuMachine struct {
+	state   string // the state file, in a host directory the pods mount
+	devices int
+	memory  string // each GPU's
+}
+
+// simgpuPod is a workload pod on machine m (see workloadPod) that asks for
+// no GPU yet.
+func simgpuPod(name string, m simgpuMachine, script string) *corev1.Pod {
 	return &corev1.Pod{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: podNamespace, Annotations: annotations},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: podNamespace},
 		Spec: corev1.PodSpec{
 			RestartPolicy:                 corev1.RestartPolicyNever,
 			TerminationGracePeriodSeconds: new(int64),
@@ -72,15 +88,14 @@ func (c *cluster) workloadSpec(name string, res corev1.ResourceName, n int64, an
 				SecurityContext: &corev1.SecurityContext{
 					Capabilities: &corev1.Capabilities{Add: []corev1.Capability{"SYS_ADMIN"}}},
 				Env: []corev1.EnvVar{
-					{Name: "SIMGPU_STATE", Value: c.simgpuState()},
-					{Name: "SIMGPU_DEVICES", Value: "1"},
-					{Name: "SIMGPU_MEMORY", Value: simMemory},
+					{Name: "SIMGPU_STATE", Value: m.state},
+					{Name: "SIMGPU_DEVICES", Value: strconv.Itoa(m.devices)},
+					{Name: "SIMGPU_MEMORY", Value: m.memory},
 				},
-				Resources:    corev1.ResourceRequirements{Limits: corev1.ResourceList{res: *resource.NewQuantity(n, resource.DecimalSI)}},
-				VolumeMounts: []corev1.VolumeMount{{Name: "simgpu", MountPath: filepath.Dir(c.simgpuState())}},
+				VolumeMounts: []corev1.VolumeMount{{Name: "simgpu", MountPath: filepath.Dir(m.state)}},
 			}},
 			Volumes: []corev1.Volume{{Name: "simgpu", VolumeSource: corev1.VolumeSource{
-				HostPath: &corev1.HostPathVolumeSource{Path: filepath.Dir(c.simgpuState())}}}},
+				HostPath: &corev1.HostPathVolumeSource{Path: filepath.Dir(m.state)}}}},
 		},
 	}
 }

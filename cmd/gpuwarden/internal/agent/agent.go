@@ -25,6 +25,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/collector/kubelet"
 	"github.com/gpuwarden/gpuwarden/collector/ledgertrust"
 	"github.com/gpuwarden/gpuwarden/deploy/deviceplugin"
+	"github.com/gpuwarden/gpuwarden/deploy/dra"
 	"github.com/gpuwarden/gpuwarden/enforcer/connlimit"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
@@ -49,6 +50,7 @@ type Agent struct {
 	settings *settings.Store     // what ctl changed; nil unless enforcing
 	nvml     *nvmldev.Reader
 	plugin   *deviceplugin.Plugin  // nil unless the device plugin runs
+	driver   *dra.Driver           // nil unless the DRA driver runs
 	pods     *kubelet.PodResources // nil off Kubernetes
 	relay    *relay.Relay          // nil unless remote GPUs are relayed for pods
 	observer *observe.Observer
@@ -109,7 +111,7 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 	a.coll = collector.New(node, version, src, log)
 	a.ledgers.Store(a.coll)
 	a.startProfiling(node)
-	if cfg.DevicePlugin.Enabled || cfg.Enforcement.Enabled {
+	if cfg.DevicePlugin.Enabled || cfg.DRA.Enabled || cfg.Enforcement.Enabled {
 		// Before any container directory is adopted or made in it.
 		if err := controlblock.PrepareControlDir(cfg.ControlDir); err != nil {
 			log.Error("control directory not prepared", "err", err)
@@ -121,7 +123,10 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 	if cfg.Enforcement.Enabled && resolver != nil {
 		a.enf.Store(a.startEnforcement(resolver, verifier, cgroupFS, pods))
 	}
-	if (cfg.DevicePlugin.Enabled || cfg.Enforcement.Enabled) && cfg.ControlDirGrace > 0 {
+	if cfg.DRA.Enabled { // after the enforcer: claims' settings go to its store
+		a.startDRA(ctx)
+	}
+	if (cfg.DevicePlugin.Enabled || cfg.DRA.Enabled || cfg.Enforcement.Enabled) && cfg.ControlDirGrace > 0 {
 		a.startSweeping(resolver)
 	}
 

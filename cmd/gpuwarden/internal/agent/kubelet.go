@@ -8,6 +8,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/collector"
 	"github.com/gpuwarden/gpuwarden/collector/kubelet"
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
+	"github.com/gpuwarden/gpuwarden/deploy/dra"
 )
 
 // startKubelet connects to the kubelet's pod-resources API when its socket
@@ -31,12 +32,12 @@ func (a *Agent) startKubelet(pods *podAnnotations) func(context.Context) (collec
 	a.closers = append(a.closers, pr.Close)
 	a.pods = pr
 	return func(ctx context.Context) (collector.LabelFunc, uint64, error) {
-		as, err := pr.List(ctx, func(r string) bool { return strings.HasPrefix(r, "gpuwarden.io/") })
+		as, err := pr.List(ctx, func(r string) bool { return strings.HasPrefix(r, "gpuwarden.io/") || r == dra.DriverName })
 		a.parts.set("kubelet", true, err)
 		if err != nil {
 			return nil, 0, err
 		}
 		uid := func(namespace, pod string) string { return pods.uid(ctx, a, namespace, pod) }
-		return kubelet.Labels(as, allocation.DirName, uid), kubelet.Digest(as), nil
+		return kubelet.Labels(as, allocation.DirOf, uid), kubelet.Digest(as), nil
 	}
 }

@@ -21,6 +21,9 @@ func (a *Agent) startSweeping(resolver *cgroups.Resolver) {
 	if a.plugin != nil {
 		s.Lock = a.plugin.DirLock()
 	}
+	if a.driver != nil { // never beside the device plugin (config.Validate)
+		s.Lock, s.Prepared = a.driver.DirLock(), a.driver.Prepared
+	}
 	if a.pods != nil {
 		s.Listed = deviceplugin.ListedDirs(a.pods)
 	}

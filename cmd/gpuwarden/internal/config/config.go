@@ -78,6 +78,12 @@ type Config struct {
 		Preload        string        `mapstructure:"preload"`
 		HealthInterval time.Duration `mapstructure:"healthInterval"`
 	} `mapstructure:"devicePlugin"`
+	DRA struct {
+		Enabled      bool   `mapstructure:"enabled"`
+		CDIDir       string `mapstructure:"cdiDir"`
+		RegistrarDir string `mapstructure:"registrarDir"`
+		PluginDir    string `mapstructure:"pluginDir"`
+	} `mapstructure:"dra"`
 	Remote struct {
 		Enabled      bool          `mapstructure:"enabled"`
 		Listen       string        `mapstructure:"listen"`
@@ -152,6 +158,10 @@ var options = []option{
 	{"devicePlugin.deviceRoot", "/dev", "", "where the GPU device nodes (nvidiaN, nvidiactl, nvidia-uvm, nvidia-uvm-tools) are; those that exist are passed to containers"},
 	{"devicePlugin.preload", "env", "", "how the interposer is preloaded: env (LD_PRELOAD) or ld.so.preload (a file mounted over /etc/ld.so.preload)"},
 	{"devicePlugin.healthInterval", 5 * time.Second, "", "how often the GPUs are read again through NVML; a GPU that is gone goes unhealthy"},
+	{"dra.enabled", false, "", "serve the DRA driver gpu.gpuwarden.io (Kubernetes 1.36 or later, DRAConsumableCapacity on): each GPU a shareable device with memory and compute capacities, claims prepared as CDI devices with what the device plugin gives a container. It shares devicePlugin.maxInst, interposerPath, deviceRoot, preload and healthInterval, and reaches the API server as kubernetes.* say; never with devicePlugin.enabled"},
+	{"dra.cdiDir", "/var/run/cdi", "", "where the container runtime reads CDI specs: one file per prepared claim"},
+	{"dra.registrarDir", "/var/lib/kubelet/plugins_registry", "", "the kubelet's plugin registration directory"},
+	{"dra.pluginDir", "/var/lib/kubelet/plugins/gpu.gpuwarden.io", "", "the driver's socket directory under the kubelet's plugins directory"},
 	{"kubernetes.apiServer", "", "", "the API server the agent reads pod annotations from (gpuwarden.io/weight, compute-limit, priority); empty: the in-cluster address, none off Kubernetes"},
 	{"kubernetes.tokenFile", "/var/run/secrets/kubernetes.io/serviceaccount/token", "", "the service-account token for the API server"},
 	{"kubernetes.caFile", "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt", "", "the API server's CA certificate"},
@@ -377,6 +387,16 @@ func (c Config) Validate() error {
 	}
 	if err := c.validateRemote(); err != nil {
 		errs = append(errs, err)
+	}
+	if d := c.DRA; d.Enabled {
+		if dp.Enabled {
+			errs = append(errs, errors.New("dra.enabled with devicePlugin.enabled: one GPU would be offered twice, as extended resources and as DRA devices; enable one"))
+		}
+		for _, p := range []struct{ key, v string }{{"dra.cdiDir", d.CDIDir}, {"dra.registrarDir", d.RegistrarDir}, {"dra.pluginDir", d.PluginDir}} {
+			if !strings.HasPrefix(p.v, "/") {
+				errs = append(errs, fmt.Errorf("%s %q: want an absolute path", p.key, p.v))
+			}
+		}
 	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":

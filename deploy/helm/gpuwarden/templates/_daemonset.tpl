@@ -10,6 +10,10 @@ label), config (the agent's configuration) and nodeSelector.
 {{- $r := $c.remote }}
 {{- $remoteClient := gt (len $r.servers) 0 }}
 {{- $remoteCreds := and $.root.Values.remote.secretName (or $r.enabled $remoteClient) }}
+{{- $dra := $c.dra.enabled }}
+{{- if and $dra $c.devicePlugin.enabled }}
+{{- fail "config.dra.enabled with config.devicePlugin.enabled: a GPU would be offered twice; set config.devicePlugin.enabled false" }}
+{{- end }}
 apiVersion: apps/v1
 kind: DaemonSet
 metadata:
@@ -190,6 +194,14 @@ spec:
               mountPath: {{ $c.devicePlugin.kubeletDir }}
             - name: pod-resources
               mountPath: {{ dir $c.kubelet.podResourcesSocket }}
+            {{- if $dra }}
+            - name: dra-registrar
+              mountPath: {{ $c.dra.registrarDir }}
+            - name: dra-plugin
+              mountPath: {{ $c.dra.pluginDir }}
+            - name: cdi
+              mountPath: {{ $c.dra.cdiDir }}
+            {{- end }}
             - name: interposer
               mountPath: {{ $libDir }}
               readOnly: true
@@ -244,6 +256,21 @@ spec:
           hostPath:
             path: {{ dir $c.kubelet.podResourcesSocket }}
             type: DirectoryOrCreate
+        {{- if $dra }}
+        - name: dra-registrar
+          hostPath:
+            path: {{ $c.dra.registrarDir }}
+            type: DirectoryOrCreate
+        - name: dra-plugin
+          hostPath:
+            path: {{ $c.dra.pluginDir }}
+            type: DirectoryOrCreate
+        # CDI specs of prepared claims: the runtime reads them from here.
+        - name: cdi
+          hostPath:
+            path: {{ $c.dra.cdiDir }}
+            type: DirectoryOrCreate
+        {{- end }}
         - name: interposer
           hostPath:
             path: {{ $libDir }}

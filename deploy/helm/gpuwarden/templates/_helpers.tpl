@@ -47,6 +47,8 @@ their configuration, remoteClients.config merged over config. */}}
 
 {{- define "gpuwarden.remoteClientsConfig" -}}
 {{- $c := mergeOverwrite (deepCopy .Values.config) (deepCopy .Values.remoteClients.config) }}
+{{- /* Nodes without GPUs are offered the servers' GPUs by the device plugin alone. */}}
+{{- $_ := set $c.dra "enabled" false }}
 {{- if not $c.remote.servers }}
 {{- fail "remoteClients.enabled needs the GPU nodes that serve them: remoteClients.config.remote.servers" }}
 {{- end }}
