@@ -62,6 +62,9 @@ var readers = map[string]reader{
 	"ParseMemoryRequest": {func(s string) error { _, _, err := ParseMemoryRequest(s); return err },
 		[]string{"0.5", "1.0", ".25", "8Gi", "2", "1Ti"},
 		[]string{"", "0", "0Gi", "0.0", "1.5", "-0.5", "1e-1", "NaN.", "8GB", "Gi", "0x1p-1.", "99999999999999999999Gi", "17179869184Gi"}},
+	"ParseQuantity": {func(s string) error { _, err := ParseQuantity(s); return err },
+		[]string{"15Gi", "100", "1.5k", "6442450944", "5e3", "-1m", "7Ei"},
+		[]string{"", "Gi", "1GiB", "1 Gi", "1e", "1e1000", "9Ei", "0x10"}},
 	"CheckFraction": {func(s string) error {
 		f, err := strconv.ParseFloat(s, 64)
 		if err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/yaml"
 
 	"github.com/gpuwarden/gpuwarden/deploy/k8stest/kube"
 )
@@ -192,6 +194,25 @@ func TestDRAOnRealNode(t *testing.T) {
 			}
 		}},
 
+		// The claim the README shows users is one the API server takes,
+		// and the driver prepares with its weight.
+		{"readme", func(t *testing.T) {
+			tmpl := readmeClaimTemplate(t, filepath.Join(root, "README.md"))
+			tmpl.Namespace = podNamespace
+			if _, err := c.Client.ResourceV1().ResourceClaimTemplates(podNamespace).Create(ctx, tmpl, metav1.CreateOptions{}); err != nil {
+				t.Fatalf("the README's ResourceClaimTemplate: %v", err)
+			}
+			p := simgpuPod("readme", d.machine(), "env | grep -E '^(GPUWARDEN|CUDA)_' | sed 's/^/env: /'; exec sleep 3600")
+			p.Spec.ResourceClaims = []corev1.PodResourceClaim{{Name: "gpu", ResourceClaimTemplateName: &tmpl.Name}}
+			p.Spec.Containers[0].Resources.Claims = []corev1.ResourceClaim{{Name: "gpu"}}
+			d.createPod(t, p)
+			d.given(t, "readme", "3Gi")
+			if out, _ := d.logs(podNamespace, "readme", ""); !strings.Contains(out, "env: GPUWARDEN_COMPUTE_WEIGHT=2\n") {
+				t.Errorf("the README's claim: weight 2 not in the environment:\n%s", out)
+			}
+			d.deletePods(t, "readme")
+		}},
+
 		// A ShareConfig with weight 0, or a field the driver does not know:
 		// the claim is refused, the pod never starts, its events say why.
 		{"refused", func(t *testing.T) {
@@ -282,6 +303,29 @@ func TestDRAOnRealNode(t *testing.T) {
 			return
 		}
 	}
+}
+
+// readmeClaimTemplate is the ResourceClaimTemplate in the README's yaml
+// block, decoded strictly.
+func readmeClaimTemplate(t *testing.T, readme string) *resourceapi.ResourceClaimTemplate {
+	t.Helper()
+	b, err := os.ReadFile(readme)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, block := range strings.Split(string(b), "```yaml\n")[1:] {
+		block, _, _ = strings.Cut(block, "```")
+		if !strings.Contains(block, "kind: ResourceClaimTemplate") {
+			continue
+		}
+		var tmpl resourceapi.ResourceClaimTemplate
+		if err := yaml.UnmarshalStrict([]byte(block), &tmpl); err != nil {
+			t.Fatalf("the README's ResourceClaimTemplate: %v\n%s", err, block)
+		}
+		return &tmpl
+	}
+	t.Fatalf("%s shows no ResourceClaimTemplate", readme)
+	return nil
 }
 
 // publishedDevices are the devices of the driver's slices for the node.
