@@ -72,12 +72,15 @@ func Decide(ids []string, gpu func(uuid string) (GPU, bool)) (Grant, error) {
 	if kind == Memory {
 		gr.MemoryLimitBytes = uint64(len(ids)) * GiB
 	} else {
-		perSlot := g.MemoryBytes / uint64(g.MaxInst) &^ (1<<20 - 1)
-		gr.MemoryLimitBytes = uint64(len(ids)) * perSlot
+		gr.MemoryLimitBytes = uint64(len(ids)) * SlotMemory(g)
 		gr.Weight = uint32(len(ids))
 	}
 	return gr, nil
 }
+
+// SlotMemory is one slot's memory quota: the GPU's memory / maxInst, in
+// whole MiB.
+func SlotMemory(g GPU) uint64 { return g.MemoryBytes / uint64(g.MaxInst) &^ (1<<20 - 1) }
 
 // Resize checks that GPU g may have maxInst slots while the kubelet has
 // assigned the slot ids inUse (of any GPU): its slots can grow, and shrink

@@ -14,7 +14,9 @@ import (
 
 // CDI names: the kubelet hands the runtime "<cdiKind>=<device>", and the
 // runtime applies the edits of that device from the spec files in its CDI
-// directories. One spec file per claim, named by the claim's UID, so that
+// directories. A device is named as its control directory
+// (allocation.ClaimDirName: unique per claim, never reused, as runtimes may
+// cache specs). One spec file per claim, named by the claim's UID, so that
 // unprepare (which gets the UID alone) finds it again.
 const (
 	cdiVersion = "0.6.0"
@@ -49,12 +51,6 @@ type cdiMount struct {
 	HostPath      string   `json:"hostPath"`
 	ContainerPath string   `json:"containerPath"`
 	Options       []string `json:"options"`
-}
-
-// cdiDeviceName names the CDI device of one claim's device: unique per
-// claim, never reused, as runtimes may cache specs.
-func cdiDeviceName(claim string, device string) string {
-	return allocation.ClaimDirName(claim, device)
 }
 
 // cdiEditsOf renders allocation.Edits, what the device plugin's Allocate
@@ -97,9 +93,8 @@ func writeSpec(dir string, claim string, devs []cdiDevice) error {
 
 // validUID checks that a claim's UID, which names files, is a plain one.
 func validUID(uid string) error {
-	s := uid
-	if len(s) == 0 || len(s) > 64 || strings.Trim(s, "abcdefABCDEF0123456789-") != "" {
-		return fmt.Errorf("claim UID %q: want a UUID", s)
+	if len(uid) == 0 || len(uid) > 64 || strings.Trim(uid, "abcdefABCDEF0123456789-") != "" {
+		return fmt.Errorf("claim UID %q: want a UUID", uid)
 	}
 	return nil
 }

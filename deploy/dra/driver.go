@@ -225,22 +225,25 @@ func (d *Driver) Prepare(c *ResourceClaim) ([]Prepared, error) {
 	var out []Prepared
 	for _, g := range grants {
 		name := g.grant.Dir
-		// Prepared before (the kubelet asks again after its restart): the
-		// running container keeps the files it maps, and the settings
-		// `gpuwarden ctl` may have changed since stay.
-		if _, err := os.Stat(filepath.Join(d.cfg.Node.ControlDir, name, "limits")); err != nil && d.cfg.SetCompute != nil {
-			if err := d.cfg.SetCompute(name, &g.settings); err != nil {
-				return nil, fmt.Errorf("compute settings: %w", err)
+		var e allocation.Edits
+		if _, err := os.Stat(filepath.Join(d.cfg.Node.ControlDir, name, "limits")); err == nil {
+			// Prepared before (the kubelet asks again after its restart):
+			// the running container keeps the files it maps, and the
+			// settings `gpuwarden ctl` may have changed since stay.
+			e = d.cfg.Node.Edits(g.grant)
+		} else {
+			if d.cfg.SetCompute != nil {
+				if err := d.cfg.SetCompute(name, &g.settings); err != nil {
+					return nil, fmt.Errorf("compute settings: %w", err)
+				}
+			}
+			if e, err = d.cfg.Node.Local(g.grant); err != nil {
+				return nil, err
 			}
 		}
-		e, err := d.local(g.grant)
-		if err != nil {
-			return nil, err
-		}
-		cdiName := cdiDeviceName(c.Metadata.UID, g.result.Device)
-		specs = append(specs, cdiDevice{Name: cdiName, Edits: cdiEditsOf(e)})
+		specs = append(specs, cdiDevice{Name: name, Edits: cdiEditsOf(e)})
 		out = append(out, Prepared{Request: g.result.Request, Pool: g.result.Pool, Device: g.result.Device,
-			CDIDevice: cdiKind + "=" + cdiName, ShareID: g.result.ShareID})
+			CDIDevice: cdiKind + "=" + name, ShareID: g.result.ShareID})
 		d.log.Info("claim prepared", "claim", c.Metadata.Namespace+"/"+c.Metadata.Name, "uid", c.Metadata.UID,
 			"gpu", g.grant.GPU.UUID, "memoryLimit", g.grant.MemoryLimitBytes, "weight", g.settings.Weight,
 			"computeLimit", g.settings.CapPercent, "high", g.settings.High, "dir", name)
@@ -249,15 +252,6 @@ func (d *Driver) Prepare(c *ResourceClaim) ([]Prepared, error) {
 		return nil, fmt.Errorf("CDI spec: %w", err)
 	}
 	return out, nil
-}
-
-// local is allocation.Node.Local, except that a control block already
-// written for the claim is kept: its files are what the container maps.
-func (d *Driver) local(g allocation.Grant) (allocation.Edits, error) {
-	if _, err := os.Stat(filepath.Join(d.cfg.Node.ControlDir, g.Dir, "limits")); err == nil {
-		return d.cfg.Node.Edits(g), nil
-	}
-	return d.cfg.Node.Local(g)
 }
 
 // decide turns a claim's allocation into grants, writing nothing.

@@ -30,12 +30,6 @@ type GPU struct {
 // deviceName is a GPU's device name in the node's ResourceSlice.
 func deviceName(index int) string { return "gpu-" + strconv.Itoa(index) }
 
-// slotMemory is one slot's memory: the GPU's memory / maxInst in whole MiB,
-// the quota of one gpuwarden.io/gpu slot.
-func slotMemory(g allocation.GPU) int64 {
-	return int64(g.MemoryBytes / uint64(g.MaxInst) &^ (mib - 1))
-}
-
 // DeviceOf is GPU g as a device of the node's pool: shareable, with its
 // identity as attributes and its memory and compute as capacities whose
 // default request is one slot, so a claim that asks for nothing gets what
@@ -51,7 +45,7 @@ func DeviceOf(g GPU) Device {
 		Attributes:               map[string]Attribute{"uuid": str(g.UUID), "index": num(g.Index), "model": str(g.Model), "maxInst": num(g.MaxInst)},
 		Capacity: map[string]Capacity{
 			CapacityMemory: {Value: Quantity(g.MemoryBytes), RequestPolicy: &RequestPolicy{
-				Default: q(slotMemory(g.GPU)), ValidRange: &ValidRange{Min: q(mib), Step: q(mib)}}},
+				Default: q(int64(allocation.SlotMemory(g.GPU))), ValidRange: &ValidRange{Min: q(mib), Step: q(mib)}}},
 			CapacityCompute: {Value: fullCompute, RequestPolicy: &RequestPolicy{
 				Default: q(int64(max(1, fullCompute/g.MaxInst))), ValidRange: &ValidRange{Min: q(1), Max: q(fullCompute), Step: q(1)}}},
 		},

@@ -124,7 +124,7 @@ func Start(ctx context.Context, cfg config.Config, version string, log *slog.Log
 		a.enf.Store(a.startEnforcement(resolver, verifier, cgroupFS, pods))
 	}
 	if cfg.DRA.Enabled { // after the enforcer: claims' settings go to its store
-		a.startDRA(ctx)
+		a.startDRA(ctx, pods)
 	}
 	if (cfg.DevicePlugin.Enabled || cfg.DRA.Enabled || cfg.Enforcement.Enabled) && cfg.ControlDirGrace > 0 {
 		a.startSweeping(resolver)

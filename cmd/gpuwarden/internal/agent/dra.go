@@ -3,8 +3,6 @@ package agent
 import (
 	"context"
 	"errors"
-	"fmt"
-	"os"
 
 	"github.com/gpuwarden/gpuwarden/collector/kubeapi"
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
@@ -17,9 +15,10 @@ import (
 // startDRA serves the DRA driver gpu.gpuwarden.io: the node's GPUs in a
 // ResourceSlice, claims prepared as CDI devices. Its readiness part "dra"
 // is up once the slice is published, and says why not (a cluster without
-// consumable capacity names the feature gate).
-func (a *Agent) startDRA(ctx context.Context) {
-	d, api, err := a.newDRA()
+// consumable capacity names the feature gate). It reaches the API server
+// with the client that reads pods' annotations (nil: none).
+func (a *Agent) startDRA(ctx context.Context, pods *podAnnotations) {
+	d, api, err := a.newDRA(pods)
 	a.parts.set("dra", true, err)
 	if err != nil {
 		a.log.Error("DRA driver not started", "err", err)
@@ -38,13 +37,12 @@ func (a *Agent) startDRA(ctx context.Context) {
 	}()
 }
 
-func (a *Agent) newDRA() (*dra.Driver, *kubeapi.Client, error) {
+func (a *Agent) newDRA(pods *podAnnotations) (*dra.Driver, *kubeapi.Client, error) {
 	if a.nvml == nil {
 		return nil, nil, errors.New("needs NVML for the device list")
 	}
-	api, err := a.kubeClient()
-	if err != nil {
-		return nil, nil, err
+	if pods == nil {
+		return nil, nil, errors.New("no API server client: set kubernetes.apiServer, or run in a pod (the kubernetes part says why, if it failed)")
 	}
 	c, dp := a.cfg.DRA, a.cfg.DevicePlugin
 	d, err := dra.New(dra.Config{
@@ -55,24 +53,7 @@ func (a *Agent) newDRA() (*dra.Driver, *kubeapi.Client, error) {
 		HealthInterval: dp.HealthInterval, SetCompute: a.setClaimCompute, MaxInstOf: a.savedMaxInst,
 		Ready: func(err error) { a.parts.set("dra", true, err) },
 	}, a.nvml.Devices, a.log.With("part", "dra"))
-	return d, api, err
-}
-
-// kubeClient is a client of the API server the agent reads annotations
-// from (kubernetes.* keys).
-func (a *Agent) kubeClient() (*kubeapi.Client, error) {
-	k := a.cfg.Kubernetes
-	server := k.APIServer
-	if server == "" {
-		server = kubeapi.InClusterServer()
-	}
-	if server == "" {
-		return nil, errors.New("no API server: set kubernetes.apiServer, or run in a pod")
-	}
-	if _, err := os.Stat(k.TokenFile); err != nil {
-		return nil, fmt.Errorf("kubernetes.tokenFile: %w", err)
-	}
-	return kubeapi.New(server, k.TokenFile, k.CAFile)
+	return d, pods.client, err
 }
 
 // savedMaxInst is a GPU's max_inst as `gpuwarden ctl gpu N --max-inst`
