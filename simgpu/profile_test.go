@@ -78,3 +78,40 @@ func TestProfileSetsTheTimeSlice(t *testing.T) {
 func profilePath(t *testing.T) string {
 	return filepath.Join(simtest.Root(t), "simgpu", "models", "h200.profile")
 }
+
+// The h200 model's launch takes its profiled host time: at least the
+// built-in 3205 ns executed, and what a profile sets. A floor, which load
+// cannot break; the exact model's launch has none.
+func TestProfileSetsTheLaunchCost(t *testing.T) {
+	workload := simtest.Bin(t, "simgpu/workload")
+	slow := filepath.Join(t.TempDir(), "slow-launch.profile")
+	if err := os.WriteFile(slow, []byte("launch_exec_ns = 20000\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	launchNs := func(env ...string) float64 {
+		m := simtest.NewMachine(t, 1, "1Gi")
+		c := m.Command(workload, "--launch-cost", "2000", "--label", "t")
+		c.Env = append(c.Env, env...)
+		out, err := c.CombinedOutput()
+		if err != nil {
+			t.Fatalf("workload %v: %v: %s", env, err, out)
+		}
+		for _, l := range strings.Split(string(out), "\n") {
+			if f := strings.Fields(l); len(f) == 4 && f[1] == "t_launch_ns" {
+				v, err := strconv.ParseFloat(f[2], 64)
+				if err == nil {
+					return v
+				}
+			}
+		}
+		t.Fatalf("workload %v printed no launch cost: %s", env, out)
+		return 0
+	}
+	if got := launchNs("SIMGPU_MODEL=h200"); got < 3205 {
+		t.Errorf("h200 model: a launch took %.0f ns; want at least the profile's 3205", got)
+	}
+	if got := launchNs("SIMGPU_MODEL=h200", "SIMGPU_PROFILE="+slow); got < 20000 {
+		t.Errorf("launch_exec_ns = 20000: a launch took %.0f ns; want at least 20000", got)
+	}
+	t.Logf("exact model: %.0f ns a launch", launchNs())
+}

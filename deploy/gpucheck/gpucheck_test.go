@@ -6,6 +6,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -60,6 +61,21 @@ func TestSimulationMode(t *testing.T) {
 		"shares_weighted_1to2_k2ms_ratio", "shares_fixed_30_70_k2ms_ratio", "probes_launches_counted_ratio"} {
 		if !regexp.MustCompile(`(?m)^BENCH gpucheck_` + name + ` -?[0-9.]+ \S+$`).Match(bench) {
 			t.Errorf("bench.txt lacks %s:\n%s", name, bench)
+		}
+	}
+	// The calibration's profile carries the launch's host time as simgpu
+	// models it: on simgpu's h200 model, at least the model's own.
+	profile, err := os.ReadFile(filepath.Join(out, "simgpu.profile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for key, floor := range map[string]int{"launch_capture_ns": 704, "launch_exec_ns": 3205} {
+		v := 0
+		if m := regexp.MustCompile(`(?m)^` + key + ` = (\d+)  #`).FindSubmatch(profile); m != nil {
+			v, _ = strconv.Atoi(string(m[1]))
+		}
+		if v < floor {
+			t.Errorf("simgpu.profile: want %s of at least %d ns (the model's):\n%s", key, floor, profile)
 		}
 	}
 	if !strings.Contains(string(b), "BENCH gpucheck_launch_capture_ns_overhead") {

@@ -336,18 +336,20 @@ static CUresult capture_add(struct CUstream_st *st, uint64_t ns) {
     return CUDA_SUCCESS;
 }
 
-/* SIMGPU_LAUNCH_STORES=1: a launch returns with stores still pending, as
- * NVIDIA's does (a graph node or pushbuffer entries on cold lines, a
- * doorbell write): two cold cache lines written and 128 bytes of
- * non-temporal stores. A locked instruction right after the launch then
- * waits for them to drain, which is what makes such an instruction on the
- * launch path cost ~100 ns on an H200 and next to nothing on plain simgpu. */
+/* The h200 model's launch costs host time as NVIDIA's does, and returns
+ * with stores still pending (a graph node or pushbuffer entries on cold
+ * lines, a doorbell write): sg_model.launch_cold_lines cold cache lines
+ * written and launch_nt_bytes of non-temporal stores. A locked instruction
+ * right after the launch then waits for them to drain, which is what makes
+ * such an instruction on the launch path cost 100-150 ns on an H200 and
+ * next to nothing on the exact model. */
 #define SG_COLD_BYTES (64u << 20) /* more than a last-level cache */
 #define SG_COLD_STRIDE 4160u      /* a new line, page and cache set each time */
-static _Atomic int pending_stores = -1;
 static uint8_t *cold;
 static pthread_once_t cold_once = PTHREAD_ONCE_INIT;
 
+/* Mapped at cuInit, not at the first launch: 64 MiB written there would
+ * make that launch take tens of ms, which no driver's does. */
 static void cold_map(void) {
     void *p = mmap(NULL, SG_COLD_BYTES, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return;
@@ -355,25 +357,36 @@ static void cold_map(void) {
     cold = p;
 }
 
-static void leave_stores_pending(void) {
-    int on = atomic_load_explicit(&pending_stores, memory_order_relaxed);
-    if (on < 0) {
-        const char *v = getenv("SIMGPU_LAUNCH_STORES");
-        on = v && !strcmp(v, "1");
-        if (on) pthread_once(&cold_once, cold_map);
-        atomic_store(&pending_stores, on = on && cold);
-    }
-    if (!on) return;
-    static __thread uint32_t at;
-    uint8_t *a = cold + at, *b = cold + (at + SG_COLD_BYTES / 2) % SG_COLD_BYTES;
-    at = (at + SG_COLD_STRIDE) % (SG_COLD_BYTES / 2);
-    __atomic_store_n((uint64_t *)a, at, __ATOMIC_RELAXED);
-    __atomic_store_n((uint64_t *)(a + 64), at, __ATOMIC_RELAXED);
+void sg_launch_model_init(void) {
+    if (sg_model.launch_cold_lines || sg_model.launch_nt_bytes) pthread_once(&cold_once, cold_map);
+}
+
+static void host_time(uint64_t ns) {
+    if (!ns) return;
+    uint64_t end = sg_now_ns() + ns;
+    while (sg_now_ns() < end) {
 #if defined(__x86_64__)
-    for (int i = 0; i < 16; i++) __asm__ volatile("movnti %1, %0" : "=m"(((uint64_t *)b)[i]) : "r"((uint64_t)at));
-#else
-    for (int i = 0; i < 16; i++) __atomic_store_n(&((uint64_t *)b)[i], at, __ATOMIC_RELAXED);
+        __builtin_ia32_pause();
 #endif
+    }
+}
+
+static void leave_stores_pending(void) {
+    uint64_t lines = sg_model.launch_cold_lines, nt = sg_model.launch_nt_bytes / 8;
+    if ((!lines && !nt) || !cold) return;
+    static __thread uint32_t at;
+    uint8_t *b = cold + (at + SG_COLD_BYTES / 2) % SG_COLD_BYTES;
+    for (uint64_t i = 0; i < lines; i++) {
+        __atomic_store_n((uint64_t *)(cold + at), at, __ATOMIC_RELAXED);
+        at = (at + SG_COLD_STRIDE) % (SG_COLD_BYTES / 2);
+    }
+    for (uint64_t i = 0; i < nt; i++) {
+#if defined(__x86_64__)
+        __asm__ volatile("movnti %1, %0" : "=m"(((uint64_t *)b)[i]) : "r"((uint64_t)at));
+#else
+        __atomic_store_n(&((uint64_t *)b)[i], at, __ATOMIC_RELAXED);
+#endif
+    }
 }
 
 static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by,
@@ -394,6 +407,7 @@ static CUresult launch(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsi
         return rc;
     }
     uint64_t ns = kernel_duration(kernelParams, extra);
+    host_time(st->capturing ? sg_model.launch_capture_ns : sg_model.launch_exec_ns);
     rc = st->capturing ? capture_add(st, ns) : sg_stream_push(st, (struct sg_op){.kind = SG_OP_KERNEL, .arg = ns});
     leave_stores_pending();
     return rc;

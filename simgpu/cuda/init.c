@@ -16,6 +16,7 @@ SG_EXPORT CUresult cuInit(unsigned int Flags) {
     struct sg_state *s = sg_state_get();
     if (!s) return CUDA_ERROR_NO_DEVICE; /* sg_state_get said why on stderr */
     if (!sg_ready() && sg_model_load() < 0) return CUDA_ERROR_NO_DEVICE; /* said why on stderr */
+    sg_launch_model_init();
     if (!sg_visible_count()) return CUDA_ERROR_NO_DEVICE;
     if (!sg_proc_self(s)) {
         fprintf(stderr, "simgpu: no free process slot (%d processes use the device)\n", SG_MAX_PROCS);

@@ -164,6 +164,7 @@ void sg_free_ctx(struct CUctx_st *ctx); /* a destroyed context's memory goes wit
 void *sg_host_range(CUdeviceptr p, size_t n); /* host backing of [p, p+n), or NULL */
 
 /* exec.c */
+void sg_launch_model_init(void); /* the memory a modelled launch's pending stores go to */
 CUresult sg_stream_resolve(CUstream h, struct CUstream_st **out);
 CUresult sg_stream_push(struct CUstream_st *st, struct sg_op op);
 CUresult sg_stream_sync(struct CUstream_st *st);

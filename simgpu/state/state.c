@@ -111,6 +111,15 @@ static int env_int(const char *name, int def, int lo, int hi) {
  * (Volta and later). */
 #define SG_H200_NVML_PERIOD_US 166667ull
 #define SG_H200_TIMESLICE_NS 1024000ull
+/* A launch's host time on the H200 of docs/gpu-check (2026-11-30, driver
+ * 580.159.04): 704 ns into a capturing stream, 3205 ns executed. What it
+ * leaves pending (a graph node or pushbuffer entries, a doorbell) is two
+ * cold lines and 128 bytes of non-temporal stores: with these a locked add
+ * right after a launch waited +169 ns, against +153 ns on that H200. */
+#define SG_H200_LAUNCH_CAPTURE_NS 704ull
+#define SG_H200_LAUNCH_EXEC_NS 3205ull
+#define SG_H200_LAUNCH_COLD_LINES 2ull
+#define SG_H200_LAUNCH_NT_BYTES 128ull
 
 /* The slice is set in the exact model too: run_for computes with it. */
 struct sg_model sg_model = {.time_slice_ns = SG_H200_TIMESLICE_NS};
@@ -123,6 +132,10 @@ static const struct {
 } profile_keys[] = {
     {"nvml_sample_period_us", offsetof(struct sg_model, nvml_period_us), 1000, 60000000},
     {"time_slice_ns", offsetof(struct sg_model, time_slice_ns), 10000, 1000000000},
+    {"launch_capture_ns", offsetof(struct sg_model, launch_capture_ns), 0, 1000000},
+    {"launch_exec_ns", offsetof(struct sg_model, launch_exec_ns), 0, 1000000},
+    {"launch_cold_lines", offsetof(struct sg_model, launch_cold_lines), 0, 64},
+    {"launch_nt_bytes", offsetof(struct sg_model, launch_nt_bytes), 0, 4096},
 };
 #define SG_PROFILE_KEYS (sizeof profile_keys / sizeof profile_keys[0])
 
@@ -200,6 +213,8 @@ int sg_model_load(void) {
     if (v && !strcmp(v, "h200")) {
         m.h200 = 1;
         m.nvml_period_us = SG_H200_NVML_PERIOD_US;
+        m.launch_capture_ns = SG_H200_LAUNCH_CAPTURE_NS, m.launch_exec_ns = SG_H200_LAUNCH_EXEC_NS;
+        m.launch_cold_lines = SG_H200_LAUNCH_COLD_LINES, m.launch_nt_bytes = SG_H200_LAUNCH_NT_BYTES;
         if (profile && *profile && load_profile(profile, &m) < 0) return -1;
         int ms = env_int("SIMGPU_NVML_SAMPLE_MS", 0, 1, 60000);
         if (ms < 0) return -1;

@@ -104,6 +104,8 @@ struct sg_model {
     int h200;
     uint64_t nvml_period_us;
     uint64_t time_slice_ns; /* the h200 engine's slice between contexts */
+    uint64_t launch_capture_ns, launch_exec_ns; /* a launch's host time, into a capturing stream and executed */
+    uint64_t launch_cold_lines, launch_nt_bytes; /* the stores a launch leaves pending as it returns */
 };
 extern struct sg_model sg_model;
 

@@ -5,7 +5,9 @@
  * and runs a kernel for its first parameter in nanoseconds).
  *
  *   calibrate costs                    ns per call of cuEventRecord,
- *                                      cuEventQuery, cuStreamIsCapturing
+ *                                      cuEventQuery, cuStreamIsCapturing, and
+ *                                      of cuLaunchKernel into a capturing
+ *                                      stream and executed
  *   calibrate idle SECONDS             hold a context, run nothing
  *   calibrate run [options]            kernels back to back:
  *       --kernel-us K     each kernel needs K us on the engine (default 1000)
@@ -149,9 +151,27 @@ static void costs(void) {
     double t3 = now_ns(CLOCK_MONOTONIC);
     for (long i = 0; i < n; i++) CHECK(cuStreamIsCapturing(g_stream, &st));
     double t4 = now_ns(CLOCK_MONOTONIC);
+    /* A launch of an empty kernel into a capturing stream, and executed
+     * with a sync every 100 (the sync's time included, as gw-bench's). */
+    const long launches = 20000;
+    CUgraph g;
+    CHECK(cuStreamBeginCapture_v2(g_stream, CU_STREAM_CAPTURE_MODE_RELAXED));
+    double t5 = now_ns(CLOCK_MONOTONIC);
+    for (long i = 0; i < launches; i++) launch(0, 0);
+    double t6 = now_ns(CLOCK_MONOTONIC);
+    CHECK(cuStreamEndCapture(g_stream, &g));
+    CHECK(cuGraphDestroy(g));
+    double t7 = now_ns(CLOCK_MONOTONIC);
+    for (long i = 0; i < launches; i++) {
+        launch(0, 0);
+        if (i % 100 == 99) CHECK(cuStreamSynchronize(g_stream));
+    }
+    double t8 = now_ns(CLOCK_MONOTONIC);
     printf("event_record_ns %.1f\n", rec_ns / (double)n);
     printf("event_query_ns %.1f\n", (t3 - t2) / (double)n);
     printf("stream_is_capturing_ns %.1f\n", (t4 - t3) / (double)n);
+    printf("launch_capture_ns %.1f\n", (t6 - t5) / (double)launches);
+    printf("launch_exec_ns %.1f\n", (t8 - t7) / (double)launches);
 }
 
 /* run: kernels of kernel_us for seconds; see the top of the file. */

@@ -8,7 +8,7 @@
  *   gw-bench lockadd N  prints "locked_add_ns <ns>": what a lock-prefixed add
  *                       right after each launch costs beyond a plain add, in
  *                       alternating rounds (the median round). Run it with
- *                       SIMGPU_LAUNCH_STORES=1, where a launch leaves stores
+ *                       SIMGPU_MODEL=h200, where a launch leaves stores
  *                       pending as NVIDIA's does, to see what a locked
  *                       instruction on the launch path costs there.
  */

@@ -7,26 +7,29 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
+	"unsafe"
 
 	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/simmachine"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
+	"golang.org/x/sys/unix"
 )
 
 func init() { suites["interposer"] = suite{order: 10, run: benchInterposer} }
 
 // benchInterposer measures what libgpuwarden.so adds to a cuLaunchKernel and
 // to a cuMemAlloc_v2 + cuMemFree_v2 pair: the same program (gw-bench) runs
-// with and without the library in alternating rounds of one run, and the
-// figure is the median of the per-round differences. Launches go to a
+// with and without the library in alternating rounds of one run, each on
+// the same CPU, and the figure is the median of the per-round differences. Launches go to a
 // capturing stream, where simgpu's own launch is a steady array append.
 // Launches are measured without a gate, under a gate (the agent's limits
 // gate device 0 with a grant no run reaches), and with simgpu's launch
-// leaving stores pending as NVIDIA's does (SIMGPU_LAUNCH_STORES=1). The
+// leaving stores pending as NVIDIA's does (its H200 model). The
 // last row is what a locked add right after such a launch costs: the
 // regression a locked instruction on the launch path would be on an H200.
 func benchInterposer(o options, stdout io.Writer) error {
@@ -56,7 +59,7 @@ func benchInterposer(o options, stdout io.Writer) error {
 		}
 		var out, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errb
-		if err := cmd.Run(); err != nil {
+		if err := runPinned(cmd); err != nil {
 			return 0, fmt.Errorf("gw-bench %s: %w: %s", mode, err, errb.String())
 		}
 		f := strings.Fields(out.String())
@@ -65,7 +68,7 @@ func benchInterposer(o options, stdout io.Writer) error {
 		}
 		return strconv.ParseFloat(f[1], 64)
 	}
-	const rounds = 7
+	const rounds = 15
 	for _, c := range []struct {
 		mode, name string
 		n          int
@@ -111,7 +114,7 @@ func benchInterposer(o options, stdout io.Writer) error {
 }
 
 const (
-	benchStores = "SIMGPU_LAUNCH_STORES=1"
+	benchStores = "SIMGPU_MODEL=h200"
 	benchGated  = "GPUWARDEN_BENCH_GATED=1" // marks a run for the gated control directory
 )
 
@@ -133,6 +136,30 @@ func openBenchGate(ctl string) (*controlblock.LimitsFile, error) {
 		err = lim.RaiseGrant(0, 1<<50)
 	}
 	return lim, err
+}
+
+// runPinned runs cmd on the last CPU, every round on the same one: a
+// launch's few nanoseconds are otherwise lost among migrations. The child
+// inherits the affinity of the thread that starts it, which gets its own
+// back before other goroutines may use it.
+func runPinned(cmd *exec.Cmd) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var all, one unix.CPUSet
+	if err := unix.SchedGetaffinity(0, &all); err != nil {
+		return err
+	}
+	for i := 0; i < 8*int(unsafe.Sizeof(all)); i++ {
+		if all.IsSet(i) {
+			one.Zero()
+			one.Set(i)
+		}
+	}
+	if err := unix.SchedSetaffinity(0, &one); err != nil {
+		return err
+	}
+	defer unix.SchedSetaffinity(0, &all)
+	return cmd.Run()
 }
 
 func interposerMedian(v []float64) float64 {
