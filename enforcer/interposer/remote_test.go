@@ -393,6 +393,42 @@ func TestRemoteModuleCache(t *testing.T) {
 	run("1 images received, 0 images from cache") // the corrupt copy is not believed
 }
 
+// TestRemoteFactsAnsweredLocally: a framework asks for every attribute of
+// a device, its handle and UUID and a module's function, often more than
+// once; the client library asks the worker once and answers the rest
+// itself, so fifty rounds of questions cost the worker no more frames than
+// one (each answer the same as the first: gw-remote checks that).
+func TestRemoteFactsAnsweredLocally(t *testing.T) {
+	m := simtest.NewMachine(t, 1, "8Gi")
+	bin := simtest.Bin(t, "interposer/gw-remote")
+	frames := func(rounds int) int {
+		t.Helper()
+		w := startWorker(t, m, true, "GPUWARDEN_MEMORY_LIMIT=2Gi")
+		want := "queries ok " + strconv.Itoa(rounds) + "\n"
+		start := time.Now()
+		if out, _ := output(t, w.remote(t, bin, "queries", strconv.Itoa(rounds))); out != want {
+			t.Fatalf("queries %d: %q, want %q", rounds, out, want)
+		}
+		t.Logf("%d rounds of questions: %v", rounds, time.Since(start).Round(time.Microsecond))
+		if err := w.wait(t, 10*time.Second); err != nil {
+			t.Fatalf("worker: %v", err)
+		}
+		f := regexp.MustCompile(`session ended: (\d+) frames`).FindStringSubmatch(w.errb.String())
+		if f == nil {
+			t.Fatalf("the worker did not count its frames: %s", w.errb)
+		}
+		n, _ := strconv.Atoi(f[1])
+		return n
+	}
+	one, fifty := frames(1), frames(50)
+	// A missing kernel's NOT_FOUND is asked each round (the worker is the
+	// one that knows an image's kernels): 49 more frames at most.
+	if fifty > one+49 {
+		t.Errorf("one round of questions took %d frames, fifty took %d: answers that do not change were asked again", one, fifty)
+	}
+	t.Logf("frames: %d for one round, %d for fifty", one, fifty)
+}
+
 // TestRemoteImageSizes: the client sends an ELF image's extent (from its
 // section headers) and a fatbin's (from its header), not what follows them;
 // the cache keeps exactly those bytes.

@@ -1,5 +1,6 @@
 /* The CUDA driver API of the remote client: every function simgpu's cuda.h
- * declares, forwarded to gpuwarden-worker. Context calls are answered here;
+ * declares, forwarded to gpuwarden-worker. Context calls, and facts of a
+ * device or module the worker has told once, are answered here;
  * asynchronous calls (launches, memsets, host-to-device copies, event
  * records, frees, handle creation) are queued and answered at once;
  * synchronous ones wait for the worker's reply. */
@@ -18,8 +19,28 @@
 
 static int g_init; /* cuInit succeeded in this process */
 
+/* Facts no call changes in a session: a device's handle, count, attributes
+ * and UUID, asked of the worker once each and answered here after
+ * (frameworks ask for every attribute of every device, often more than
+ * once: a round trip each). Each fact is written before its known flag,
+ * so a reader that sees the flag sees the fact. A new session (a forked
+ * child's, perhaps on another worker) forgets them. */
+#define GWR_FACT_DEVS 64
+#define GWR_FACT_ATTRS 256
+static struct {
+    uint32_t count, dev[GWR_FACT_DEVS], attr[GWR_FACT_DEVS][GWR_FACT_ATTRS];
+    CUuuid uuid[GWR_FACT_DEVS][2];
+    uint8_t count_known, dev_known[GWR_FACT_DEVS], attr_known[GWR_FACT_DEVS][GWR_FACT_ATTRS],
+        uuid_known[GWR_FACT_DEVS][2];
+} g_facts;
+
+#define FACT_KNOWN(flag) __atomic_load_n(&(flag), __ATOMIC_ACQUIRE)
+#define FACT_LEARN(flag) __atomic_store_n(&(flag), 1, __ATOMIC_RELEASE)
+#define FACT_DEV(d) ((uint32_t)(d) < GWR_FACT_DEVS)
+
 /* session opens (or, in a forked child, reopens) the session and inits the driver there. */
 static CUresult session(void) {
+    memset(&g_facts, 0, sizeof g_facts);
     CUresult rc = gwr_connect();
     if (rc) return rc;
     uint8_t b[8];
@@ -98,19 +119,31 @@ GWR_EXPORT CUresult cuDriverGetVersion(int *driverVersion) {
 GWR_EXPORT CUresult cuDeviceGet(CUdevice *device, int ordinal) {
     READY();
     if (!device) return CUDA_ERROR_INVALID_VALUE;
+    if (FACT_DEV(ordinal) && FACT_KNOWN(g_facts.dev_known[ordinal])) {
+        *device = (CUdevice)g_facts.dev[ordinal];
+        return CUDA_SUCCESS;
+    }
     uint32_t d;
     CUresult rc = rq(GWR_OP_DEVICE_GET, &d, 4, "i", I(ordinal));
-    if (!rc) *device = (CUdevice)d;
-    return rc;
+    if (rc) return rc;
+    if (FACT_DEV(ordinal)) {
+        g_facts.dev[ordinal] = d;
+        FACT_LEARN(g_facts.dev_known[ordinal]);
+    }
+    *device = (CUdevice)d;
+    return CUDA_SUCCESS;
 }
 
 GWR_EXPORT CUresult cuDeviceGetCount(int *count) {
     READY();
     if (!count) return CUDA_ERROR_INVALID_VALUE;
-    uint32_t n;
-    CUresult rc = rq(GWR_OP_DEVICE_COUNT, &n, 4, "");
-    if (!rc) *count = (int)n;
-    return rc;
+    if (!FACT_KNOWN(g_facts.count_known)) {
+        CUresult rc = rq(GWR_OP_DEVICE_COUNT, &g_facts.count, 4, "");
+        if (rc) return rc;
+        FACT_LEARN(g_facts.count_known);
+    }
+    *count = (int)g_facts.count;
+    return CUDA_SUCCESS;
 }
 
 GWR_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
@@ -129,8 +162,16 @@ GWR_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
 static CUresult uuid(CUuuid *u, CUdevice dev, int v2) {
     READY();
     CUuuid tmp;
-    CUresult rc = rq(GWR_OP_DEVICE_UUID, tmp.bytes, 16, "ii", I(dev), I(v2));
-    if (rc) return rc;
+    if (FACT_DEV(dev) && FACT_KNOWN(g_facts.uuid_known[dev][v2])) {
+        tmp = g_facts.uuid[dev][v2];
+    } else {
+        CUresult rc = rq(GWR_OP_DEVICE_UUID, tmp.bytes, 16, "ii", I(dev), I(v2));
+        if (rc) return rc;
+        if (FACT_DEV(dev)) {
+            g_facts.uuid[dev][v2] = tmp;
+            FACT_LEARN(g_facts.uuid_known[dev][v2]);
+        }
+    }
     if (!u) return CUDA_ERROR_INVALID_VALUE;
     *u = tmp;
     return CUDA_SUCCESS;
@@ -140,7 +181,7 @@ GWR_EXPORT CUresult cuDeviceGetUuid_v2(CUuuid *u, CUdevice dev) { return uuid(u,
 
 GWR_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
     READY();
-    uint64_t v;
+    uint64_t v; /* not a fact: the worker's interposer says the memory quota, which may change */
     CUresult rc = rq(GWR_OP_DEVICE_TOTALMEM, &v, 8, "i", I(dev));
     if (rc) return rc;
     if (!bytes) return CUDA_ERROR_INVALID_VALUE;
@@ -151,8 +192,17 @@ GWR_EXPORT CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {
 GWR_EXPORT CUresult cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev) {
     READY();
     uint32_t v;
-    CUresult rc = rq(GWR_OP_DEVICE_ATTR, &v, 4, "ii", I(attrib), I(dev));
-    if (rc) return rc;
+    int fact = FACT_DEV(dev) && (uint32_t)attrib < GWR_FACT_ATTRS;
+    if (fact && FACT_KNOWN(g_facts.attr_known[dev][attrib])) {
+        v = g_facts.attr[dev][attrib];
+    } else {
+        CUresult rc = rq(GWR_OP_DEVICE_ATTR, &v, 4, "ii", I(attrib), I(dev));
+        if (rc) return rc;
+        if (fact) {
+            g_facts.attr[dev][attrib] = v;
+            FACT_LEARN(g_facts.attr_known[dev][attrib]);
+        }
+    }
     if (!pi) return CUDA_ERROR_INVALID_VALUE;
     /* managed memory is refused here (README.md): say the device has none */
     *pi = attrib == CU_DEVICE_ATTRIBUTE_MANAGED_MEMORY || attrib == CU_DEVICE_ATTRIBUTE_CONCURRENT_MANAGED_ACCESS
@@ -640,6 +690,7 @@ struct CUfunc_st {
     int nparams;      /* -1: not asked yet */
     uint32_t *layout; /* offset, size pairs */
     size_t bytes;     /* the packed buffer's size */
+    char *name;
     struct CUfunc_st *next;
 };
 static pthread_mutex_t g_func_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -647,26 +698,44 @@ static struct CUfunc_st *g_funcs; /* never freed: a stale handle finds a cleared
 
 static int func_valid(const struct CUfunc_st *f) { return f && f->magic == GWR_FUNC_MAGIC; }
 
+/* known_function is the function a module already gave for name: the same
+ * kernel of the same module, so the same handle, without a round trip (a
+ * name the module lacks is asked each time: only the worker knows). */
+static struct CUfunc_st *known_function(uint64_t module, const char *name) {
+    struct CUfunc_st *found = NULL;
+    pthread_mutex_lock(&g_func_mu);
+    for (struct CUfunc_st *f = g_funcs; f && !found; f = f->next)
+        if (f->module == module && func_valid(f) && !strcmp(f->name, name)) found = f;
+    pthread_mutex_unlock(&g_func_mu);
+    return found;
+}
+
 GWR_EXPORT CUresult cuModuleGetFunction(CUfunction *hfunc, CUmodule hmod, const char *name) {
     READY();
     if (!hfunc || !name) return CUDA_ERROR_INVALID_VALUE;
     size_t len = strlen(name);
     if (len > GWR_MAX_NAME) return CUDA_ERROR_NOT_FOUND;
-    struct CUfunc_st *f = calloc(1, sizeof *f);
-    if (!f) return CUDA_ERROR_OUT_OF_MEMORY;
+    uint64_t module = gwr_obj_id(hmod, GWR_K_MODULE);
+    if (!module) return CUDA_ERROR_INVALID_HANDLE;
+    struct CUfunc_st *f = known_function(module, name);
+    if (f) {
+        *hfunc = f;
+        return CUDA_SUCCESS;
+    }
+    if (!(f = calloc(1, sizeof *f)) || !(f->name = strdup(name))) {
+        free(f);
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     f->magic = GWR_FUNC_MAGIC;
     f->id = gwr_new_id();
-    f->module = gwr_obj_id(hmod, GWR_K_MODULE);
-    if (!f->module) {
-        free(f);
-        return CUDA_ERROR_INVALID_HANDLE;
-    }
+    f->module = module;
     f->nparams = -1;
     uint8_t b[16];
     size_t n = gwr_encode(b, sizeof b, "qq", f->id, f->module);
     /* synchronous: NOT_FOUND for a name the image lacks is the answer callers probe for */
     CUresult rc = gwr_call(GWR_OP_MODULE_FUNCTION, b, n, name, len, NULL, 0, NULL, NULL, 0);
     if (rc) {
+        free(f->name);
         free(f);
         return rc;
     }

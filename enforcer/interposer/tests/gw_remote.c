@@ -8,6 +8,8 @@
  *   hold          prints "ready", then synchronizes until a call fails
  *   module        loads a 200 KiB described image and launches its kernel
  *   launches N    N empty launches, a sync every 1000: BENCH launches per second
+ *   queries N     N rounds of a framework's start-up questions (device count, handle,
+ *                 attributes, UUID, a module's function), each round answered alike
  *   bandwidth MIB host-to-device and device-to-host copies of MIB MiB: BENCH MiB/s
  *   roundtrip N   N synchronous calls (cuCtxSynchronize on an idle context): BENCH us per call
  *   threads N     N threads, each with its own stream, launching, filling and reading back
@@ -193,6 +195,52 @@ static int module(void) {
     CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, kp, NULL));
     CHECK(cuCtxSynchronize());
     printf("module ok %zu bytes\n", strlen(img) + 1);
+    return 0;
+}
+
+/* queries: n rounds of the questions a framework asks at start-up (device
+ * count and handle, every attribute, UUID, a module's function), each
+ * round's answers the same as the first's. */
+static int queries(long n) {
+    setup();
+    CUmodule m;
+    CHECK(cuModuleLoadData(&m, record_image));
+    enum { attrs = 160 };
+    int count0 = 0, attr0[attrs], asked[attrs] = {0};
+    CUdevice dev0 = -1;
+    CUuuid uuid0;
+    CUfunction f0 = NULL;
+    for (long r = 0; r < n; r++) {
+        int count, v;
+        CUdevice dev;
+        CUuuid u;
+        CUfunction f;
+        CHECK(cuDeviceGetCount(&count));
+        CHECK(cuDeviceGet(&dev, 0));
+        CHECK(cuDeviceGetUuid_v2(&u, dev));
+        CHECK(cuModuleGetFunction(&f, m, "sleep"));
+        if (cuModuleGetFunction(&f, m, "no-such-kernel") != CUDA_ERROR_NOT_FOUND) {
+            printf("a missing kernel was found\n");
+            return 1;
+        }
+        if (!r) count0 = count, dev0 = dev, uuid0 = u, f0 = f;
+        if (count != count0 || dev != dev0 || memcmp(&u, &uuid0, sizeof u) || f != f0) {
+            printf("round %ld: the device's facts changed\n", r);
+            return 1;
+        }
+        for (int a = 1; a < attrs; a++) {
+            if (r && !asked[a]) continue;
+            CUresult rc = cuDeviceGetAttribute(&v, (CUdevice_attribute)a, dev);
+            if (!r && rc == CUDA_ERROR_INVALID_VALUE) continue; /* one the device does not answer */
+            CHECK(rc);
+            if (!r) attr0[a] = v, asked[a] = 1;
+            else if (v != attr0[a]) {
+                printf("round %ld: attribute %d changed\n", r, a);
+                return 1;
+            }
+        }
+    }
+    printf("queries ok %ld\n", n);
     return 0;
 }
 
@@ -392,12 +440,13 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "hold")) return hold();
     if (!strcmp(cmd, "module")) return module();
     if (!strcmp(cmd, "launches") && argc > 2) return launches(atol(argv[2]));
+    if (!strcmp(cmd, "queries") && argc > 2) return queries(atol(argv[2]));
     if (!strcmp(cmd, "bandwidth") && argc > 2) return bandwidth((size_t)atol(argv[2]));
     if (!strcmp(cmd, "roundtrip") && argc > 2) return roundtrip(atol(argv[2]));
     if (!strcmp(cmd, "threads") && argc > 2) return threads(atoi(argv[2]));
     if (!strcmp(cmd, "fork")) return fork_check();
     if (!strcmp(cmd, "flush")) return flush();
     if (!strcmp(cmd, "images")) return images();
-    fprintf(stderr, "usage: gw-remote params|quota BYTES|async|hold|module|launches N|bandwidth MIB|roundtrip N|threads N|images|flush|fork\n");
+    fprintf(stderr, "usage: gw-remote params|quota BYTES|async|hold|module|launches N|queries N|bandwidth MIB|roundtrip N|threads N|images|flush|fork\n");
     return 2;
 }
