@@ -19,8 +19,8 @@
 
 static int g_init; /* cuInit succeeded in this process */
 
-/* Facts no call changes in a session: a device's handle, count, attributes
- * and UUID, asked of the worker once each and answered here after
+/* Facts no call changes in a session: a device's handle, count, name,
+ * attributes and UUID, asked of the worker once each and answered here after
  * (frameworks ask for every attribute of every device, often more than
  * once: a round trip each). Each fact is written before its known flag,
  * so a reader that sees the flag sees the fact. A new session (a forked
@@ -30,8 +30,9 @@ static int g_init; /* cuInit succeeded in this process */
 static struct {
     uint32_t count, dev[GWR_FACT_DEVS], attr[GWR_FACT_DEVS][GWR_FACT_ATTRS];
     CUuuid uuid[GWR_FACT_DEVS][2];
+    char name[GWR_FACT_DEVS][256];
     uint8_t count_known, dev_known[GWR_FACT_DEVS], attr_known[GWR_FACT_DEVS][GWR_FACT_ATTRS],
-        uuid_known[GWR_FACT_DEVS][2];
+        uuid_known[GWR_FACT_DEVS][2], name_known[GWR_FACT_DEVS];
 } g_facts;
 
 #define FACT_KNOWN(flag) __atomic_load_n(&(flag), __ATOMIC_ACQUIRE)
@@ -146,15 +147,27 @@ GWR_EXPORT CUresult cuDeviceGetCount(int *count) {
     return CUDA_SUCCESS;
 }
 
+/* A device's name is asked whole (the worker's buffer, 256 bytes) and cut
+ * here to the caller's length, so that it is a fact like the others. A
+ * call without a buffer goes to the worker, whose driver says what is
+ * wrong first. */
 GWR_EXPORT CUresult cuDeviceGetName(char *name, int len, CUdevice dev) {
     READY();
+    if (name && len > 0 && FACT_DEV(dev) && FACT_KNOWN(g_facts.name_known[dev])) {
+        snprintf(name, (size_t)len, "%s", g_facts.name[dev]);
+        return CUDA_SUCCESS;
+    }
     uint8_t b[16];
-    size_t n = gwr_encode(b, sizeof b, "ii", I(dev), I(name && len > 0 ? len : 0)), got = 0;
-    char tmp[256];
+    size_t n = gwr_encode(b, sizeof b, "ii", I(dev), I(name && len > 0 ? sizeof g_facts.name[0] : 0)), got = 0;
+    char tmp[sizeof g_facts.name[0]];
     CUresult rc = gwr_call(GWR_OP_DEVICE_NAME, b, n, NULL, 0, tmp, sizeof tmp, &got, NULL, 0);
     if (rc) return rc;
     if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
     tmp[got ? got - 1 : 0] = 0;
+    if (FACT_DEV(dev)) {
+        memcpy(g_facts.name[dev], tmp, sizeof tmp);
+        FACT_LEARN(g_facts.name_known[dev]);
+    }
     snprintf(name, (size_t)len, "%s", tmp);
     return CUDA_SUCCESS;
 }

@@ -9,7 +9,7 @@
  *   module        loads a 200 KiB described image and launches its kernel
  *   launches N    N empty launches, a sync every 1000: BENCH launches per second
  *   queries N     N rounds of a framework's start-up questions (device count, handle,
- *                 attributes, UUID, a module's function), each round answered alike
+ *                 name, attributes, UUID, a module's function), each round answered alike
  *   bandwidth MIB host-to-device and device-to-host copies of MIB MiB: BENCH MiB/s
  *   roundtrip N   N synchronous calls (cuCtxSynchronize on an idle context): BENCH us per call
  *   threads N     N threads, each with its own stream, launching, filling and reading back
@@ -207,6 +207,7 @@ static int queries(long n) {
     CHECK(cuModuleLoadData(&m, record_image));
     enum { attrs = 160 };
     int count0 = 0, attr0[attrs], asked[attrs] = {0};
+    char name0[256];
     CUdevice dev0 = -1;
     CUuuid uuid0;
     CUfunction f0 = NULL;
@@ -218,6 +219,14 @@ static int queries(long n) {
         CHECK(cuDeviceGetCount(&count));
         CHECK(cuDeviceGet(&dev, 0));
         CHECK(cuDeviceGetUuid_v2(&u, dev));
+        char full[256], cut[5];
+        CHECK(cuDeviceGetName(full, sizeof full, dev));
+        CHECK(cuDeviceGetName(cut, sizeof cut, dev));
+        if (!r) snprintf(name0, sizeof name0, "%s", full);
+        if (strcmp(full, name0) || strncmp(cut, full, sizeof cut - 1) || strlen(cut) != sizeof cut - 1) {
+            printf("round %ld: the device name \"%s\", cut to %zu bytes: \"%s\"\n", r, full, sizeof cut, cut);
+            return 1;
+        }
         CHECK(cuModuleGetFunction(&f, m, "sleep"));
         if (cuModuleGetFunction(&f, m, "no-such-kernel") != CUDA_ERROR_NOT_FOUND) {
             printf("a missing kernel was found\n");
