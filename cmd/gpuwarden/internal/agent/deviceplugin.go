@@ -34,22 +34,8 @@ func (a *Agent) startDevicePlugin(ctx context.Context, pods *podAnnotations) {
 
 // runDevicePlugin runs a plugin New made (or reports why there is none).
 func (a *Agent) runDevicePlugin(ctx context.Context, dp *deviceplugin.Plugin, err error) {
-	a.parts.set("devicePlugin", true, err)
-	if err != nil {
-		a.log.Error("device plugin not started", "err", err)
-		return
-	}
-	a.plugin = dp
-	ctx, cancel := context.WithCancel(ctx)
-	a.closers = append(a.closers, func() error { cancel(); return nil })
-	a.wg.Add(1)
-	go func() {
-		defer a.wg.Done()
-		if err := dp.Run(ctx); err != nil {
-			a.parts.set("devicePlugin", true, err)
-			a.log.Error("device plugin stopped", "err", err)
-		}
-	}()
+	a.plugin = dp // nil where New failed
+	a.runPart(ctx, "devicePlugin", "device plugin", err, func(ctx context.Context) error { return dp.Run(ctx) })
 }
 
 // setSlots gives GPU dev n slots in the device plugin, when it runs, so that

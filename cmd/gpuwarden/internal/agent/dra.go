@@ -19,22 +19,8 @@ import (
 // with the client that reads pods' annotations (nil: none).
 func (a *Agent) startDRA(ctx context.Context, pods *podAnnotations) {
 	d, api, err := a.newDRA(pods)
-	a.parts.set("dra", true, err)
-	if err != nil {
-		a.log.Error("DRA driver not started", "err", err)
-		return
-	}
-	a.driver = d
-	ctx, cancel := context.WithCancel(ctx)
-	a.closers = append(a.closers, func() error { cancel(); return nil })
-	a.wg.Add(1)
-	go func() {
-		defer a.wg.Done()
-		if err := d.Run(ctx, api); err != nil {
-			a.parts.set("dra", true, err)
-			a.log.Error("DRA driver stopped", "err", err)
-		}
-	}()
+	a.driver = d // nil where it did not start
+	a.runPart(ctx, "dra", "DRA driver", err, func(ctx context.Context) error { return d.Run(ctx, api) })
 }
 
 func (a *Agent) newDRA(pods *podAnnotations) (*dra.Driver, *kubeapi.Client, error) {

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"sort"
 	"sync"
 
@@ -45,4 +46,25 @@ func (p *parts) snapshot() (map[string]agentapi.PartState, bool) {
 		}
 	}
 	return out, ready
+}
+
+// runPart starts a part that runs until the agent closes: err (from
+// making it) leaves it down and unstarted; otherwise it is up, and down
+// again if run returns an error. what names it in the log.
+func (a *Agent) runPart(ctx context.Context, name, what string, err error, run func(context.Context) error) {
+	a.parts.set(name, true, err)
+	if err != nil {
+		a.log.Error(what+" not started", "err", err)
+		return
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	a.closers = append(a.closers, func() error { cancel(); return nil })
+	a.wg.Add(1)
+	go func() {
+		defer a.wg.Done()
+		if err := run(ctx); err != nil {
+			a.parts.set(name, true, err)
+			a.log.Error(what+" stopped", "err", err)
+		}
+	}()
 }
