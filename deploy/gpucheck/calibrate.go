@@ -49,10 +49,11 @@ func checkCalibration(ctx context.Context, e *env, r *Result) {
 		r.Fail("event costs", "%v", err)
 	} else {
 		var parts []string
+		const inARow = "calibrate costs: host clock over 100000 calls in a row, one process alone"
 		for _, k := range []profileKey{
-			{key: "event_record_ns", how: "calibrate costs: host clock over 100000 calls in a row, one process alone"},
-			{key: "event_query_ns", how: "calibrate costs: host clock over 100000 calls in a row, one process alone"},
-			{key: "stream_is_capturing_ns", how: "calibrate costs: host clock over 100000 calls in a row, one process alone"},
+			{key: "event_record_ns", how: inARow},
+			{key: "event_query_ns", how: inARow},
+			{key: "stream_is_capturing_ns", how: inARow},
 			{key: "launch_capture_ns", how: "calibrate costs: host clock over 20000 empty-kernel launches into a capturing stream",
 				modeled: true, hi: 1000000},
 			{key: "launch_exec_ns", how: "calibrate costs: host clock over 20000 empty-kernel launches, a sync every 100 included",

@@ -12,7 +12,6 @@ import (
 	"sort"
 	"strconv"
 	"strings"
-	"unsafe"
 
 	"github.com/gpuwarden/gpuwarden/cmd/gpuwarden/internal/simmachine"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
@@ -167,10 +166,11 @@ func runPinned(cmd *exec.Cmd) error {
 	if err := unix.SchedGetaffinity(0, &all); err != nil {
 		return err
 	}
-	for i := 0; i < 8*int(unsafe.Sizeof(all)); i++ {
+	for i, left := 0, all.Count(); left > 0; i++ { // the last CPU it may use
 		if all.IsSet(i) {
 			one.Zero()
 			one.Set(i)
+			left--
 		}
 	}
 	if err := unix.SchedSetaffinity(0, &one); err != nil {
