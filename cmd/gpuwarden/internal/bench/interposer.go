@@ -22,9 +22,14 @@ import (
 func init() { suites["interposer"] = suite{order: 10, run: benchInterposer} }
 
 // benchInterposer measures what libgpuwarden.so adds to a cuLaunchKernel and
-// to a cuMemAlloc_v2 + cuMemFree_v2 pair: the same program (gw-bench) runs
-// with and without the library in alternating rounds of one run, each on
-// the same CPU, and the figure is the median of the per-round differences. Launches go to a
+// to a cuMemAlloc_v2 + cuMemFree_v2 pair, every run of gw-bench on the same
+// CPU. A launch's cost is timed in one process under the library, its hook
+// and libcuda's own function in alternating batches (simgpu's H200 model
+// makes a launch's cost move with where a process's memory lands by more
+// than the hook costs); a round's figure is the difference of the two
+// series' lower quartiles.
+// An alloc/free pair is timed with and without the library in alternating
+// processes. Each figure is the median of the rounds. Launches go to a
 // capturing stream, where simgpu's own launch is a steady array append.
 // Launches are measured without a gate, under a gate (the agent's limits
 // gate device 0 with a grant no run reaches), and with simgpu's launch
@@ -45,7 +50,7 @@ func benchInterposer(o options, stdout io.Writer) error {
 		return err
 	}
 	defer lim.Close()
-	run := func(preload bool, mode string, n int, env ...string) (float64, error) {
+	run := func(preload bool, mode string, n int, env ...string) ([]float64, error) {
 		cmd := exec.Command(bench, mode, strconv.Itoa(n))
 		cmd.Env = append(m.Env(), env...)
 		if preload {
@@ -59,51 +64,68 @@ func benchInterposer(o options, stdout io.Writer) error {
 		var out, errb bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &errb
 		if err := runPinned(cmd); err != nil {
-			return 0, fmt.Errorf("gw-bench %s: %w: %s", mode, err, errb.String())
+			return nil, fmt.Errorf("gw-bench %s: %w: %s", mode, err, errb.String())
 		}
 		f := strings.Fields(out.String())
-		if len(f) != 2 {
-			return 0, fmt.Errorf("gw-bench %s printed %q", mode, out.String())
+		if len(f) < 2 {
+			return nil, fmt.Errorf("gw-bench %s printed %q", mode, out.String())
 		}
-		return strconv.ParseFloat(f[1], 64)
+		var v []float64
+		for _, s := range f[1:] {
+			x, err := strconv.ParseFloat(s, 64)
+			if err != nil {
+				return nil, fmt.Errorf("gw-bench %s printed %q", mode, out.String())
+			}
+			v = append(v, x)
+		}
+		return v, nil
 	}
 	const rounds = 15
 	for _, c := range []struct {
-		mode, name string
-		n          int
-		env        []string
-		budgetNs   float64 // 0: none
+		name     string
+		env      []string
+		budgetNs float64 // 0: none
 	}{
-		{"launch", "launch", o.launches, nil, 0},
-		{"launch", "launch_gated", o.launches, []string{benchGated}, 0},
-		{"launch", "launch_stores", o.launches, []string{benchStores}, budgetLaunchNs},
-		{"launch", "launch_stores_gated", o.launches, []string{benchStores, benchGated}, budgetGatedLaunchNs},
-		{"alloc", "alloc_free", max(o.launches/20, 1000), nil, 0},
+		{"launch", nil, 0},
+		{"launch_gated", []string{benchGated}, 0},
+		{"launch_stores", []string{benchStores}, budgetLaunchNs},
+		{"launch_stores_gated", []string{benchStores, benchGated}, budgetGatedLaunchNs},
 	} {
 		var base, with, diff []float64
 		for r := 0; r < rounds; r++ {
-			var a, b float64
-			var err error
-			if r%2 == 0 { // alternate which goes first
-				if a, err = run(false, c.mode, c.n, c.env...); err == nil {
-					b, err = run(true, c.mode, c.n, c.env...)
-				}
-			} else if b, err = run(true, c.mode, c.n, c.env...); err == nil {
-				a, err = run(false, c.mode, c.n, c.env...)
-			}
+			v, err := run(true, "launch", o.launches, c.env...)
 			if err != nil {
 				return err
 			}
-			base, with, diff = append(base, a), append(with, b), append(diff, b-a)
+			if len(v) != 3 {
+				return fmt.Errorf("gw-bench launch printed %v, not driver, hooked and added ns", v)
+			}
+			base, with, diff = append(base, v[0]), append(with, v[1]), append(diff, v[2])
 		}
-		fmt.Fprintf(stdout, "BENCH interposer_%s_base_ns %.1f ns\n", c.name, interposerMedian(base))
-		fmt.Fprintf(stdout, "BENCH interposer_%s_with_ns %.1f ns\n", c.name, interposerMedian(with))
 		overhead := interposerMedian(diff)
-		fmt.Fprintf(stdout, "BENCH interposer_%s_overhead_ns %.1f ns\n", c.name, overhead)
+		printInterposerRow(stdout, c.name, interposerMedian(base), interposerMedian(with), overhead)
 		if c.budgetNs > 0 {
 			fmt.Fprintf(stdout, "BENCH interposer_%s_within_budget %d bool\n", c.name, b2i(overhead <= c.budgetNs))
 		}
 	}
+	var base, with, diff []float64
+	for r := 0; r < rounds; r++ {
+		var a, b []float64
+		var err error
+		n := max(o.launches/20, 1000)
+		if r%2 == 0 { // alternate which goes first
+			if a, err = run(false, "alloc", n); err == nil {
+				b, err = run(true, "alloc", n)
+			}
+		} else if b, err = run(true, "alloc", n); err == nil {
+			a, err = run(false, "alloc", n)
+		}
+		if err != nil {
+			return err
+		}
+		base, with, diff = append(base, a[0]), append(with, b[0]), append(diff, b[0]-a[0])
+	}
+	printInterposerRow(stdout, "alloc_free", interposerMedian(base), interposerMedian(with), interposerMedian(diff))
 	for _, c := range []struct {
 		name string
 		env  []string
@@ -112,12 +134,18 @@ func benchInterposer(o options, stdout io.Writer) error {
 		if err != nil {
 			return err
 		}
-		fmt.Fprintf(stdout, "BENCH interposer_%s %.1f ns\n", c.name, v)
+		fmt.Fprintf(stdout, "BENCH interposer_%s %.1f ns\n", c.name, v[0])
 		if c.env != nil { // the cost model must make a locked add there cost what it does on a GPU
-			fmt.Fprintf(stdout, "BENCH interposer_%s_within_budget %d bool\n", strings.TrimSuffix(c.name, "_ns"), b2i(v >= lockedAddFloorNs))
+			fmt.Fprintf(stdout, "BENCH interposer_%s_within_budget %d bool\n", strings.TrimSuffix(c.name, "_ns"), b2i(v[0] >= lockedAddFloorNs))
 		}
 	}
 	return nil
+}
+
+func printInterposerRow(stdout io.Writer, name string, base, with, overhead float64) {
+	fmt.Fprintf(stdout, "BENCH interposer_%s_base_ns %.1f ns\n", name, base)
+	fmt.Fprintf(stdout, "BENCH interposer_%s_with_ns %.1f ns\n", name, with)
+	fmt.Fprintf(stdout, "BENCH interposer_%s_overhead_ns %.1f ns\n", name, overhead)
 }
 
 // What a launch may cost beyond the driver's under simgpu's H200 model
