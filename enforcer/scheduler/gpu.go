@@ -391,7 +391,7 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 
 	// The slice: the owner keeps it for the slice's length while it uses the
 	// device and no high-priority container waits; then the waiting
-	// container with the most (positive) credit takes the device.
+	// container with (positive) credit that stands best takes the device.
 	o := g.owner
 	highWaits := false
 	for _, m := range g.active {
@@ -423,7 +423,7 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 	if !o.waiting && (!o.c.marks || o.nearlyRun(borrowBelow)) {
 		var b *member
 		for _, m := range g.active {
-			if m != o && m.borrow && m.waiting && (b == nil || m.credit > b.credit) {
+			if m != o && m.borrow && m.waiting && (b == nil || m.standing() > b.standing()) {
 				b = m
 			}
 		}
@@ -438,6 +438,18 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 		}
 	}
 }
+
+// standing is m's credit in units of its share: how far behind what it is
+// owed it is, as the wall time it would take to earn that back. Picking by
+// it rather than by credit keeps what each gets in the ratio of their
+// shares when some wall time goes to nobody (the gap between one owner's
+// drain and the next owner's first tick, idle owners): all earn in that
+// time in proportion to their shares, and evening out raw credit would
+// hand the larger share the difference (2% at 1:2 when 1% goes to nobody).
+func (m *member) standing() float64 { return m.credit / max(m.target, minTarget) }
+
+// minTarget keeps standing finite for a member whose share is 0.
+const minTarget = 1e-6
 
 // pick chooses the next owner among the waiting containers (and the current
 // owner while it uses the device).
@@ -457,13 +469,13 @@ func (g *gpu) pick(cur *member, now time.Time, cfg Config) *member {
 		if high && !m.c.eff.High {
 			continue
 		}
-		if m.credit > 0 && (best == nil || m.credit > best.credit) {
+		if m.credit > 0 && (best == nil || m.standing() > best.standing()) {
 			best = m
 		}
 	}
 	if best == nil { // soft: a container may borrow what nobody with credit wants
 		for _, m := range cands {
-			if m.borrow && (best == nil || m.credit > best.credit) {
+			if m.borrow && (best == nil || m.standing() > best.standing()) {
 				best = m
 			}
 		}
