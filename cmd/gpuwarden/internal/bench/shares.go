@@ -126,9 +126,9 @@ func benchShares(o options, stdout io.Writer) error {
 	return nil
 }
 
-// pairResult is one run of two containers: b's launches over a's over the
-// middle 60% of the run (both run the same steps, so the ratio of their
-// images/s; gated runs only), and both together's images/s over the run.
+// pairResult is one run of two containers: b's images/s over a's in the
+// middle 60% of the run (from the workloads' progress lines; gated runs
+// only), and both together's images/s over the run.
 type pairResult struct{ ratio, rate float64 }
 
 func pairRun(m simrun.Machine, gs scheduler.GPUSettings, sh sharesShape, aEnv, bEnv []string, ungated bool, secs float64) (pairResult, error) {
@@ -137,7 +137,7 @@ func pairRun(m simrun.Machine, gs scheduler.GPUSettings, sh sharesShape, aEnv, b
 		return pairResult{}, err
 	}
 	defer run.Close()
-	args := append([]string{"--seconds", strconv.FormatFloat(secs, 'f', -1, 64)}, sh.args...)
+	args := append([]string{"--seconds", strconv.FormatFloat(secs, 'f', -1, 64), "--progress"}, sh.args...)
 	claims := scheduler.Settings{FromClaims: true}
 	for _, c := range []simrun.Container{{Name: "a", Args: args, Env: aEnv, Settings: claims, Ungated: ungated},
 		{Name: "b", Args: args, Env: bEnv, Settings: claims, Ungated: ungated}} {
@@ -149,16 +149,25 @@ func pairRun(m simrun.Machine, gs scheduler.GPUSettings, sh sharesShape, aEnv, b
 		return pairResult{}, err
 	}
 	time.Sleep(time.Duration(secs * 0.2 * float64(time.Second)))
-	a0, b0 := run.Launches("a"), run.Launches("b")
+	t0 := time.Now()
 	time.Sleep(time.Duration(secs * 0.6 * float64(time.Second)))
-	a1, b1 := run.Launches("a"), run.Launches("b")
-	res := pairResult{ratio: float64(b1-b0) / float64(max(a1-a0, 1))}
+	t1 := time.Now()
+	var res pairResult
+	rates := map[string]float64{}
 	for _, n := range []string{"a", "b"} {
 		out, err := run.Wait(n, time.Duration(secs+30)*time.Second)
 		if err != nil {
 			return pairResult{}, err
 		}
 		res.rate += out["images_per_sec"]
+		if !ungated {
+			if rates[n], err = run.Rate(n, t0, t1); err != nil {
+				return pairResult{}, err
+			}
+		}
+	}
+	if !ungated {
+		res.ratio = rates["b"] / rates["a"]
 	}
 	return res, nil
 }
