@@ -261,9 +261,15 @@ func (g *gpu) quiet() bool {
 // ownerIdle says the owner has stopped using its slice: it waits at no gate and
 // has taken no ticket for longer than its released work can last (it may be
 // synchronizing on up to a lookahead of work, plus a ticket or two, queued
-// behind what the previous owner left on the device).
+// behind what the previous owner left on the device). Where its completion
+// marks say work it released has yet to run, it is not idle: it is
+// synchronizing on more than that (a training step launches ahead of the
+// device as fast as each tick releases), and its slice is still in use.
 func (g *gpu) ownerIdle(now time.Time, cfg Config) bool {
 	m := g.owner
+	if _, ran := m.ranTo(m.passed()); m.c.marks && !m.waiting && !ran {
+		return false
+	}
 	after := cfg.Lookahead + 2*cfg.Tick + time.Duration(2*m.costNs())
 	if g.draining != nil {
 		after += now.Sub(g.closedAt)
