@@ -119,7 +119,8 @@ func TestWeighted(t *testing.T) {
 // NVML per-process utilization is a sample stream (here one sample a
 // second, whole percents, one process each) and whose engine time-slices
 // between contexts: the scheduler charges device time from its own clock
-// and completion marks, not from NVML. Judged by launches, as images/s.
+// and completion marks, not from NVML. Judged by images/s, from the
+// workloads' progress.
 func TestWeightedOnH200Model(t *testing.T) {
 	bin := filepath.Dir(simtest.Bin(t, "libgpuwarden.so"))
 	simtest.Bin(t, "simgpu/workload")
@@ -129,16 +130,27 @@ func TestWeightedOnH200Model(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(r.Close)
-	spawn(t, r, named(claims("GPUWARDEN_COMPUTE_WEIGHT=1"), "a", busyWork(9)),
-		named(claims("GPUWARDEN_COMPUTE_WEIGHT=2"), "b", busyWork(9)))
+	work := append(busyWork(9), "--progress")
+	spawn(t, r, named(claims("GPUWARDEN_COMPUTE_WEIGHT=1"), "a", work),
+		named(claims("GPUWARDEN_COMPUTE_WEIGHT=2"), "b", work))
 	time.Sleep(2 * time.Second)
-	a0, b0 := r.Launches("a"), r.Launches("b")
+	t0 := time.Now()
 	time.Sleep(6 * time.Second)
-	a1, b1 := r.Launches("a"), r.Launches("b")
+	t1 := time.Now()
 	for _, st := range r.Sched.Status() {
 		t.Logf("%+v", st)
 	}
-	within(t, "b/a launches", float64(b1-b0)/float64(max(a1-a0, 1)), 1.6, 2.5)
+	rates := map[string]float64{}
+	for _, n := range []string{"a", "b"} {
+		if _, err := r.Wait(n, 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		if rates[n], err = r.Rate(n, t0, t1); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("images/s: a %.1f, b %.1f", rates["a"], rates["b"])
+	within(t, "b/a images/s", rates["b"]/rates["a"], 1.6, 2.5)
 }
 
 // TestWeightedIdlePartnerKeepsSlices: a container of weight 2 that holds a
