@@ -267,8 +267,10 @@ func (g *gpu) quiet() bool {
 // device as fast as each tick releases), and its slice is still in use.
 func (g *gpu) ownerIdle(now time.Time, cfg Config) bool {
 	m := g.owner
-	if _, ran := m.ranTo(m.passed()); m.c.marks && !m.waiting && !ran {
-		return false
+	if m.c.marks && !m.waiting {
+		if _, ran := m.ranTo(m.passed()); !ran {
+			return false
+		}
 	}
 	after := cfg.Lookahead + 2*cfg.Tick + time.Duration(2*m.costNs())
 	if g.draining != nil {
