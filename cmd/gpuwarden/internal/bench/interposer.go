@@ -97,10 +97,10 @@ func benchInterposer(o options, stdout io.Writer) error {
 			if err != nil {
 				return err
 			}
-			if len(v) != 3 {
-				return fmt.Errorf("gw-bench launch printed %v, not driver, hooked and added ns", v)
+			if len(v) != 2 {
+				return fmt.Errorf("gw-bench launch printed %v, not driver and hooked ns", v)
 			}
-			base, with, diff = append(base, v[0]), append(with, v[1]), append(diff, v[2])
+			base, with, diff = append(base, v[0]), append(with, v[1]), append(diff, v[1]-v[0])
 		}
 		overhead := interposerMedian(diff)
 		printInterposerRow(stdout, c.name, interposerMedian(base), interposerMedian(with), overhead)
