@@ -211,3 +211,33 @@ func TestGatedLaunchBypassCounted(t *testing.T) {
 	h.resume()
 	h.Wait()
 }
+
+// TestLaunchCountsEveryEntryPoint: every launch entry point, by its name and
+// by its per-thread-stream variant, counts each launch once. An ungated
+// launch jumps to the driver without the re-entry guard once its hook has
+// been seen not to come back into the hooks; simgpu's
+// cuLaunchKernelEx_ptsz calls cuLaunchKernelEx through the PLT, so that hook
+// must stay guarded or each of its launches would count twice.
+func TestLaunchCountsEveryEntryPoint(t *testing.T) {
+	const n = 300
+	for _, how := range []string{"direct", "direct-ptsz"} {
+		for _, kind := range []string{"launch", "launchex", "coop", "graph"} {
+			b := newBox(t, 1, "16Gi")
+			h := b.start("--resolve", how, "init", "ctx", "0", kind, "300", "hold")
+			pid := h.ready(t)
+			want := uint64(n)
+			if kind == "graph" {
+				want++ // the kernel launched into the capture
+			}
+			l := b.settled(t, time.Now(), func(l *controlblock.UsageSnapshot) bool {
+				p := proc(l, pid)
+				return p != nil && p.Launches == want
+			})
+			if p := proc(l, pid); p == nil || p.Launches != want {
+				t.Errorf("%s %s: slot %+v, want %d launches", how, kind, p, want)
+			}
+			h.resume()
+			h.Wait()
+		}
+	}
+}

@@ -18,6 +18,7 @@ _Atomic int gw_state;
 struct gw_env gw_env;
 struct gw_slot *_Atomic gw_slot;
 __thread int gw_in_hook __attribute__((tls_model("initial-exec")));
+__thread int gw_reentered __attribute__((tls_model("initial-exec")));
 
 static pthread_once_t core_once = PTHREAD_ONCE_INIT;
 static pthread_mutex_t act_mu = PTHREAD_MUTEX_INITIALIZER;

@@ -56,7 +56,16 @@ static inline int gw_from_driver(const void *ret) {
     uintptr_t a = (uintptr_t)ret;
     return a - gw_drv_text.lo < gw_drv_text.len || a - gw_own_text.lo < gw_own_text.len || gw_from_uprobes(a);
 }
-#define GW_DRIVER_REENTRY(guard) (GW_UNLIKELY(guard) && gw_from_driver(__builtin_return_address(0)))
+/* gw_reentered is set when a call passed through as the driver's own: a
+ * launch hook learns from it whether its driver function comes back into
+ * the hooks (launch.c). */
+extern __thread int gw_reentered __attribute__((tls_model("initial-exec")));
+static inline int gw_reentry(const void *ret) {
+    if (!gw_from_driver(ret)) return 0;
+    gw_reentered = 1;
+    return 1;
+}
+#define GW_DRIVER_REENTRY(guard) (GW_UNLIKELY(guard) && gw_reentry(__builtin_return_address(0)))
 
 int gw_core(void);       /* runs init once; GW_FAILED, GW_CORE or GW_READY */
 int gw_activate(void);   /* claims a slot; 0 on success, else a CUresult */

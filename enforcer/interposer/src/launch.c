@@ -1,8 +1,8 @@
 /* The launch path: count every launch in this thread's cell (counts.c)
  * and, when the agent gates the device, wait for a grant. Without a gate
- * this is a few loads and one unlocked add: no getenv, lock, log,
- * allocation or locked instruction here (a thread's first launch takes a
- * cell). With a gate on any device the launch's device is known, without
+ * this is a few loads, one unlocked add and a jump to the driver: no
+ * getenv, lock, log, allocation or locked instruction here (a thread's
+ * first launch takes a cell). With a gate on any device the launch's device is known, without
  * asking the driver (see launch_dev), and the launch is counted on it too
  * (ledgers of minor 1); the one locked instruction is the gate's ticket,
  * taken for several launches at once where the agent counts its closes. */
@@ -241,11 +241,51 @@ static inline __attribute__((always_inline)) CUresult launch_enter(void) {
     return CUDA_SUCCESS;
 }
 
+/* The direct path. A launch needs nothing of ours after the driver
+ * returns (it was counted, and if gated its ticket granted, before), so it
+ * can jump to the driver instead of calling it: no frame, no guard, nothing
+ * of ours left to run while the driver's stores drain (which on NVIDIA's
+ * driver costs more than the instructions; see the bench's launch rows).
+ * Without the guard, a driver function that
+ * comes back into a hook would be counted twice, so each launch hook takes
+ * the direct path only once a guarded call of it succeeded and no call came
+ * back into the hooks meanwhile (GW_DIRECT_OK); one that did stays guarded
+ * (GW_DIRECT_REENTERS; simgpu's cuLaunchKernelEx_ptsz calls its base). */
+enum { GW_DIRECT_UNKNOWN, GW_DIRECT_OK, GW_DIRECT_REENTERS };
+
+static __attribute__((noinline)) void direct_learn(_Atomic int *direct, CUresult rc) {
+    if (gw_reentered) {
+        atomic_store_explicit(direct, GW_DIRECT_REENTERS, memory_order_relaxed);
+    } else if (rc == CUDA_SUCCESS) { /* a failed call may have returned before reaching what it calls */
+        int unknown = GW_DIRECT_UNKNOWN;
+        atomic_compare_exchange_strong(direct, &unknown, GW_DIRECT_OK);
+    }
+}
+
+/* launch_direct counts the launch and says 1 where the guarded path would
+ * do nothing more than count it and wait at the gate: the hook is known not
+ * to re-enter, no hook of this thread is running, the process is ready, the
+ * limits seen are current, and the thread has its cell. Anything else takes
+ * the guarded path, which does it all. */
+static inline __attribute__((always_inline)) int launch_direct(_Atomic int *direct) {
+    if (atomic_load_explicit(direct, memory_order_relaxed) != GW_DIRECT_OK || gw_in_hook) return 0;
+    if (atomic_load_explicit(&gw_state, memory_order_acquire) != GW_READY) return 0;
+    struct gw_limits *l = atomic_load_explicit(&gw_limits, memory_order_acquire);
+    if (l && atomic_load_explicit(&l->seq, memory_order_relaxed) !=
+                 atomic_load_explicit(&gw_limits_seq, memory_order_relaxed))
+        return 0;
+    struct gw_cell *cell = gw_my_cell;
+    if (!cell) return 0;
+    gw_count_add(&cell->launches, 1);
+    return 1;
+}
+
 /* stream is the launch's stream, for its completion mark (a _ptsz
  * variant's default stream is the thread's own): evaluated only where a
  * gate is on, so the ungated launch reads nothing more. */
 #define LAUNCH_HOOK(name, params, args, stream)                                                    \
-    GW_EXPORT CUresult name params {                                                               \
+    static _Atomic int name##_direct;                                                              \
+    static __attribute__((noinline)) CUresult name##_guarded params {                              \
         const int outer = gw_in_hook;                                                              \
         if (GW_DRIVER_REENTRY(outer)) return gw_be.name args;                                      \
         CUresult rc = launch_enter();                                                              \
@@ -253,10 +293,23 @@ static inline __attribute__((always_inline)) CUresult launch_enter(void) {
         if (GW_UNLIKELY(atomic_load_explicit(&gw_snap_gate_mask, memory_order_relaxed)))           \
             gw_gate_wait(stream);                                                                  \
         if (GW_UNLIKELY(!gw_be.name)) return CUDA_ERROR_NOT_FOUND;                                 \
+        const int learn = !outer && atomic_load_explicit(&name##_direct, memory_order_relaxed) ==  \
+                                        GW_DIRECT_UNKNOWN;                                         \
+        if (GW_UNLIKELY(learn)) gw_reentered = 0;                                                  \
         gw_in_hook = 1;                                                                            \
         rc = gw_be.name args;                                                                      \
         gw_in_hook = outer;                                                                        \
+        if (GW_UNLIKELY(learn)) direct_learn(&name##_direct, rc);                                  \
         return rc;                                                                                 \
+    }                                                                                              \
+    GW_EXPORT CUresult name params {                                                               \
+        __typeof__(gw_be.name) next = gw_be.name;                                                  \
+        if (GW_LIKELY(next && launch_direct(&name##_direct))) {                                    \
+            if (GW_UNLIKELY(atomic_load_explicit(&gw_snap_gate_mask, memory_order_relaxed)))       \
+                gw_gate_wait(stream);                                                              \
+            return next args;                                                                      \
+        }                                                                                          \
+        return name##_guarded args;                                                                \
     }
 
 #define KARGS (f, gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes, hStream, kernelParams, extra)
