@@ -115,12 +115,15 @@ func TestModelPreemptsLongKernels(t *testing.T) {
 }
 
 // shortBesideLong runs a process syncing on 100 µs kernels beside one running
-// 20 ms kernels, both with env, and returns the short one's steps/s.
+// 20 ms kernels, eight a step so that its next is always queued (the
+// engine idles, in device time, while a process's host catches up after a
+// sync, and the short one would run in those gaps), both with env, and
+// returns the short one's steps/s.
 func shortBesideLong(t *testing.T, env ...string) float64 {
 	t.Helper()
 	workload := simtest.Bin(t, "simgpu/workload")
 	m := simtest.NewMachine(t, 1, "16Gi")
-	long := m.Command(workload, "--label", "long", "--seconds", "3", "--kernels", "1", "--kernel-ns", "20000000")
+	long := m.Command(workload, "--label", "long", "--seconds", "3", "--kernels", "8", "--kernel-ns", "20000000")
 	short := m.Command(workload, "--label", "short", "--seconds", "2", "--start-after", "0.5", "--kernels", "1",
 		"--kernel-ns", "100000", "--sync-every-launch")
 	for _, c := range []*exec.Cmd{long, short} {

@@ -7,11 +7,16 @@
 
 #include "internal.h"
 
+/* run_op runs an op in device time (state.c): it is ready when it was
+ * queued or when the stream's previous op ended, whichever is later, and
+ * an event completes at that instant, not when the worker got to it. */
 static void run_op(struct CUstream_st *st, struct sg_op *op) {
+    uint64_t ready = op->queued_ns > st->done_ns ? op->queued_ns : st->done_ns;
+    st->done_ns = ready;
     switch (op->kind) {
-    case SG_OP_KERNEL: sg_exec_kernel(sg_ready(), st->ctx->index, op->arg); break;
+    case SG_OP_KERNEL: st->done_ns = sg_exec_kernel(sg_ready(), st->ctx->index, op->arg, ready); break;
     case SG_OP_EVENT:
-        atomic_store(&op->event->at_ns, sg_now_ns());
+        atomic_store(&op->event->at_ns, ready);
         atomic_fetch_add(&op->event->completed, 1);
         break;
     case SG_OP_FREE: sg_free(op->arg, 1); break;
@@ -88,6 +93,7 @@ CUresult sg_stream_push(struct CUstream_st *st, struct sg_op op) {
         st->worker_started = 1;
     }
     while (st->tail - st->head == SG_QUEUE_LEN) pthread_cond_wait(&st->cv, &st->mu);
+    op.queued_ns = sg_now_ns();
     st->ops[st->tail % SG_QUEUE_LEN] = op;
     st->tail++;
     pthread_cond_broadcast(&st->cv);

@@ -43,6 +43,7 @@ struct sg_op {
     struct CUevent_st *event;
     void *bytes;           /* SG_OP_RECORD: the parameter buffer to write (owned) */
     size_t nbytes;
+    uint64_t queued_ns;    /* CLOCK_MONOTONIC when it was queued */
 };
 
 #define SG_QUEUE_LEN 1024 /* a launch blocks when this many ops are queued, as on a GPU */
@@ -55,6 +56,7 @@ struct CUstream_st {
     struct sg_op ops[SG_QUEUE_LEN];
     uint64_t head, tail;    /* ops[head % LEN] .. ops[tail % LEN] are queued */
     int running;            /* the worker runs ops[head] */
+    uint64_t done_ns;       /* when its latest op ended, in device time (worker only) */
     int stopping;
     pthread_t worker;
     int worker_started;

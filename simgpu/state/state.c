@@ -506,26 +506,39 @@ static void wait_until(uint64_t end_ns) {
 /* The time slice between contexts (h200 model; the profile may set it). */
 #define SG_TIMESLICE_NS (sg_model.time_slice_ns)
 
+/* Device time. A GPU runs a stream's kernels back to back whatever its
+ * host does; a simulated kernel is a thread that sleeps until the kernel's
+ * end, and a thread wakes late whenever the host is busy (by tens of
+ * microseconds on a virtual machine, every kernel). So a kernel starts in
+ * device time, not at the instant its thread got the engine: when the
+ * engine's previous kernel ended (engine_free_ns) or when it was ready
+ * (launched, its stream's previous work done), whichever is later, and it
+ * ends its duration after that. A thread that woke late catches up at
+ * once; the host's lateness shows in when its synchronize returns, as on a
+ * GPU, and never in the device's throughput. */
+
 /* run_for holds the engine while a kernel with left ns to go runs from
- * start. In the h200 model the GPU time-slices between contexts: slices
- * follow each other from slice_start while the context keeps the engine,
- * and at a slice's end, if another process waits, the kernel is preempted,
- * to resume at its next turn. */
-static void run_for(struct sg_device *d, struct sg_proc *me, int dev, uint64_t start, uint64_t left,
-                    uint64_t slice_start) {
+ * start (device time) and returns when it stopped: at its end or, in the
+ * h200 model where the GPU time-slices between contexts, at the end of a
+ * slice (slices follow each other from slice_start while the context keeps
+ * the engine) when another process waits for the engine: the kernel is
+ * preempted, to resume at its next turn. */
+static uint64_t run_for(struct sg_device *d, struct sg_proc *me, int dev, uint64_t start, uint64_t left,
+                        uint64_t slice_start) {
     uint64_t end = start + left;
     uint64_t slice = start - (start - slice_start) % SG_TIMESLICE_NS + SG_TIMESLICE_NS;
     for (; sg_model.h200 && slice < end; slice += SG_TIMESLICE_NS) {
         wait_until(slice);
-        if (atomic_load(&d->exec_waiters) > (me ? atomic_load(&me->exec_waiting[dev]) : 0)) return;
+        if (atomic_load(&d->exec_waiters) > (me ? atomic_load(&me->exec_waiting[dev]) : 0)) return slice;
     }
     wait_until(end);
+    return end;
 }
 
 /* take_turn waits for the engine, runs the kernel's left ns on it (or, when
- * preempted, part of them) and hands the engine over; it returns the ns
- * still to run. */
-static uint64_t take_turn(struct sg_state *s, int dev, uint64_t left) {
+ * preempted, part of them) from *at or later, and hands the engine over; it
+ * returns the ns still to run and sets *at to when it stopped. */
+static uint64_t take_turn(struct sg_state *s, int dev, uint64_t left, uint64_t *at) {
     /* This thread's latest turn, and when its time slice began: a turn
      * right after its own continues the slice. */
     static __thread uint32_t last_turn[SG_MAX_DEVICES];
@@ -543,17 +556,22 @@ static uint64_t take_turn(struct sg_state *s, int dev, uint64_t left) {
     if (rc == EOWNERDEAD) {
         /* The previous holder died mid-kernel; its time ends here. */
         atomic_store(&d->busy.running_since, 0);
+        atomic_store(&d->engine_free_ns, sg_now_ns());
         pthread_mutex_consistent(&d->exec_lock);
     }
     uint32_t turn = atomic_fetch_add(&d->exec_turn, 1) + 1;
-    uint64_t start = sg_now_ns(), wall = sg_wall_ns(), busy_before = atomic_load(&d->busy.busy_ns);
+    uint64_t now = sg_now_ns(), wall_now = sg_wall_ns(), busy_before = atomic_load(&d->busy.busy_ns);
+    uint64_t free = atomic_load(&d->engine_free_ns), start = *at > free ? *at : free;
+    if (start > now) start = now; /* neither is ever later than now; a clock step back cannot stall the engine */
+    uint64_t wall = wall_now - (now - start);
     busy_start(&d->busy, wall);
     if (me) busy_start(&me->busy[dev], wall);
     if (!slice_start[dev] || turn != last_turn[dev] + 1) slice_start[dev] = start;
     last_turn[dev] = turn;
-    run_for(d, me, dev, start, left, slice_start[dev]);
-    uint64_t ran = sg_now_ns() - start;
-    left = ran < left ? left - ran : 0;
+    uint64_t stop = run_for(d, me, dev, start, left, slice_start[dev]), ran = stop - start;
+    left -= ran;
+    *at = stop;
+    atomic_store(&d->engine_free_ns, stop);
     busy_add(&d->busy, ran, wall + ran);
     if (me) busy_add(&me->busy[dev], ran, wall + ran);
     if (sg_model.h200 && me) nvml_sample(d, me->pid, wall / 1000, (wall + ran) / 1000, busy_before);
@@ -570,13 +588,15 @@ static uint64_t take_turn(struct sg_state *s, int dev, uint64_t left) {
     return left;
 }
 
-void sg_exec_kernel(struct sg_state *s, int dev, uint64_t duration_ns) {
+uint64_t sg_exec_kernel(struct sg_state *s, int dev, uint64_t duration_ns, uint64_t ready_ns) {
     static __thread int slack_set;
     if (!slack_set) {
         prctl(PR_SET_TIMERSLACK, 1ul, 0, 0, 0);
         slack_set = 1;
     }
-    while (duration_ns) duration_ns = take_turn(s, dev, duration_ns);
+    uint64_t at = ready_ns;
+    while (duration_ns) duration_ns = take_turn(s, dev, duration_ns, &at);
+    return at;
 }
 
 unsigned sg_busy_percent(const struct sg_busy *b, uint64_t since_us, uint64_t *now_us_out) {

@@ -15,7 +15,7 @@
 #include <sys/types.h>
 
 #define SG_MAGIC 0x5347505553544154ull /* "SGPUSTAT" */
-#define SG_VERSION 4
+#define SG_VERSION 5
 #define SG_MAX_DEVICES 8
 #define SG_MAX_PROCS 256
 #define SG_SAMPLES 384                 /* utilization history per process and device: */
@@ -81,6 +81,10 @@ struct sg_device {
     _Atomic uint32_t nvml_head;  /* next slot of nvml */
     uint32_t pad2;
     struct sg_nvml_sample nvml[SG_NVML_SAMPLES];
+    /* Device time: CLOCK_MONOTONIC ns at which the engine's latest kernel
+     * (or the part of it before a preemption) ended, written under
+     * exec_lock. The next kernel starts there if it was ready by then. */
+    _Atomic uint64_t engine_free_ns;
 };
 
 struct sg_state {
@@ -134,8 +138,11 @@ int sg_proc_alive(const struct sg_proc *p);
 int sg_mem_charge(struct sg_state *s, int dev, uint64_t bytes);
 void sg_mem_uncharge(struct sg_state *s, int dev, uint64_t bytes);
 
-/* Execution: run one kernel of duration_ns on dev, waiting for the engine. */
-void sg_exec_kernel(struct sg_state *s, int dev, uint64_t duration_ns);
+/* Execution: run one kernel of duration_ns on dev, ready to start at
+ * ready_ns (CLOCK_MONOTONIC: when it was launched, or its stream's previous
+ * work ended), waiting for the engine. Returns when it ended, in device
+ * time (see state.c). */
+uint64_t sg_exec_kernel(struct sg_state *s, int dev, uint64_t duration_ns, uint64_t ready_ns);
 
 /* Utilization: busy fraction (0-100) of a busy curve since since_us, and the
  * timestamp it was measured at. since_us of 0, or not in the past, means the

@@ -126,9 +126,12 @@ func benchShares(o options, stdout io.Writer) error {
 	return nil
 }
 
-// pairResult is one run of two containers: b's images/s over a's in the
-// middle 60% of the run (from the workloads' progress lines; gated runs
-// only), and both together's images/s over the run.
+// pairResult is one run of two containers, over the middle 60% of the run
+// (from the workloads' progress lines): b's images/s over a's (gated runs
+// only), and both together's images/s. The window leaves out the start,
+// where a new container's grants grow from a few launches a slice until its
+// cost per launch is measured, which a run of seconds would otherwise weigh
+// as much as hours of training do not.
 type pairResult struct{ ratio, rate float64 }
 
 func pairRun(m simrun.Machine, gs scheduler.GPUSettings, sh sharesShape, aEnv, bEnv []string, ungated bool, secs float64) (pairResult, error) {
@@ -155,16 +158,14 @@ func pairRun(m simrun.Machine, gs scheduler.GPUSettings, sh sharesShape, aEnv, b
 	var res pairResult
 	rates := map[string]float64{}
 	for _, n := range []string{"a", "b"} {
-		out, err := run.Wait(n, time.Duration(secs+30)*time.Second)
-		if err != nil {
+		if _, err := run.Wait(n, time.Duration(secs+30)*time.Second); err != nil {
 			return pairResult{}, err
 		}
-		res.rate += out["images_per_sec"]
-		if !ungated {
-			if rates[n], err = run.Rate(n, t0, t1); err != nil {
-				return pairResult{}, err
-			}
+		var err error
+		if rates[n], err = run.Rate(n, t0, t1); err != nil {
+			return pairResult{}, err
 		}
+		res.rate += rates[n]
 	}
 	if !ungated {
 		res.ratio = rates["b"] / rates["a"]
