@@ -4,6 +4,7 @@ import (
 	"os/exec"
 	"regexp"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -143,4 +144,54 @@ func shortBesideLong(t *testing.T, env ...string) float64 {
 	}
 	v, _ := strconv.ParseFloat(mm[1], 64)
 	return v
+}
+
+// Kernels run in device time: back to back, whatever the host does. A
+// simulated kernel's thread wakes late when the host is busy; without device
+// time each such wake lengthened the kernel, so the device's throughput
+// followed the host's load. Here two threads spin on the CPUs while ten 1 ms
+// kernels a step run between two events: the step still takes 10 ms of
+// device time. Both models.
+func TestKernelsRunInDeviceTime(t *testing.T) {
+	workload := simtest.Bin(t, "simgpu/workload")
+	stop := make(chan struct{})
+	var hogs sync.WaitGroup
+	for i := 0; i < 2; i++ {
+		hogs.Add(1)
+		go func() {
+			defer hogs.Done()
+			for x := 0; ; x++ {
+				if x%1024 == 0 {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+				}
+			}
+		}()
+	}
+	defer func() { close(stop); hogs.Wait() }()
+	for _, model := range []string{"", "h200"} {
+		m := simtest.NewMachine(t, 1, "16Gi")
+		c := m.Command(workload, "--seconds", "2", "--kernels", "10", "--kernel-ns", "1000000", "--batch", "1", "--progress")
+		c.Env = append(c.Env, "SIMGPU_MODEL="+model)
+		out, err := simtest.Start(t, c).Wait()
+		if err != nil {
+			t.Fatalf("model %q: %v", model, err)
+		}
+		last := regexp.MustCompile(`progress \S+ (\d+) ([0-9.]+)\n`).FindAllStringSubmatch(out, -1)
+		if len(last) == 0 {
+			t.Fatalf("model %q: no progress in %q", model, out)
+		}
+		steps, _ := strconv.ParseFloat(last[len(last)-1][1], 64)
+		ms, _ := strconv.ParseFloat(last[len(last)-1][2], 64)
+		t.Logf("model %q: %.0f steps, %.3f ms of device time a step", model, steps, ms/steps)
+		// at least the kernels' 10 ms; above it only by the host's time
+		// between the first event and the first launch (a preemption by
+		// the spinning threads there is seldom, and averaged over the run)
+		if per := ms / steps; per < 9.99 || per > 10.3 {
+			t.Errorf("model %q: a step of ten 1 ms kernels took %.3f ms of device time, want 10", model, per)
+		}
+	}
 }
