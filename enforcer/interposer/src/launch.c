@@ -2,10 +2,11 @@
  * and, when the agent gates the device, wait for a grant. Without a gate
  * this is a few loads, one unlocked add and a jump to the driver: no
  * getenv, lock, log, allocation or locked instruction here (a thread's
- * first launch takes a cell). With a gate on any device the launch's device is known, without
- * asking the driver (see launch_dev), and the launch is counted on it too
- * (ledgers of minor 1); the one locked instruction is the gate's ticket,
- * taken for several launches at once where the agent counts its closes. */
+ * first launch takes a cell). With a gate on any device the launch's
+ * device is known, without asking the driver (see launch_dev), and the
+ * launch is counted on it too (ledgers of minor 1); the one locked
+ * instruction is the gate's ticket, taken for several launches at once
+ * where the agent counts its closes. */
 #define _GNU_SOURCE
 #include <linux/futex.h>
 #include <string.h>
@@ -246,11 +247,11 @@ static inline __attribute__((always_inline)) CUresult launch_enter(void) {
  * can jump to the driver instead of calling it: no frame, no guard, nothing
  * of ours left to run while the driver's stores drain (which on NVIDIA's
  * driver costs more than the instructions; see the bench's launch rows).
- * Without the guard, a driver function that
- * comes back into a hook would be counted twice, so each launch hook takes
- * the direct path only once a guarded call of it succeeded and no call came
- * back into the hooks meanwhile (GW_DIRECT_OK); one that did stays guarded
- * (GW_DIRECT_REENTERS; simgpu's cuLaunchKernelEx_ptsz calls its base). */
+ * Without the guard, a driver function that comes back into a hook would
+ * be counted twice, so each launch hook takes the direct path only once a
+ * guarded call of it succeeded and no call came back into the hooks
+ * meanwhile (GW_DIRECT_OK); one that did stays guarded (GW_DIRECT_REENTERS;
+ * simgpu's cuLaunchKernelEx_ptsz calls its base). */
 enum { GW_DIRECT_UNKNOWN, GW_DIRECT_OK, GW_DIRECT_REENTERS };
 
 static __attribute__((noinline)) void direct_learn(_Atomic int *direct, CUresult rc) {

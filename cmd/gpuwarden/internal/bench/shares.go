@@ -161,11 +161,12 @@ func pairRun(m simrun.Machine, gs scheduler.GPUSettings, sh sharesShape, aEnv, b
 		if _, err := run.Wait(n, time.Duration(secs+30)*time.Second); err != nil {
 			return pairResult{}, err
 		}
-		var err error
-		if rates[n], err = run.Rate(n, t0, t1); err != nil {
+		r, err := run.Rate(n, t0, t1)
+		if err != nil {
 			return pairResult{}, err
 		}
-		res.rate += rates[n]
+		rates[n] = r
+		res.rate += r
 	}
 	if !ungated {
 		res.ratio = rates["b"] / rates["a"]
