@@ -229,13 +229,15 @@ func (g *gpu) measure(busy map[string]uint64, dt time.Duration) {
 
 // costFromSlice updates m's device time per ticket from the slice it just
 // ended: the clock time it was charged (start to drained) over the tickets
-// that ran in it. The measure holds whatever the estimate was: one too low
+// that ran in it (passed: its tickets past the gate at the slice's end; of a
+// slice its owner keeps, some have yet to run, as some that ran in it passed
+// before it began, and the two even out). The measure holds whatever the estimate was: one too low
 // released more than the device ran, and the slice lasted until it had run;
 // one too high released less, but a lookahead (more than a tick) at a time,
 // so the device ran more tickets than the estimate allowed for, unless the
 // owner itself left it idle (then the measure is its own pace).
-func (g *gpu) costFromSlice(m *member) {
-	tickets := float64(g.closePassed - min(g.closePassed, m.slice0))
+func (g *gpu) costFromSlice(m *member, passed uint64) {
+	tickets := float64(passed - min(passed, m.slice0))
 	if tickets >= 1 && m.spent > 0 {
 		if sample := max(m.spent/tickets, minCostNs); m.cost == 0 {
 			m.cost = sample
@@ -500,6 +502,12 @@ func (g *gpu) begin(m *member, now time.Time, cfg Config) {
 			g.close(o, now)
 		}
 	}
+	if m != nil && m == g.owner && m != g.draining {
+		// The owner keeps the device: its slice is measured as one that
+		// closed (a container alone on a GPU is never closed, and would
+		// otherwise keep the prior estimate, which starves short kernels).
+		g.costFromSlice(m, m.passed())
+	}
 	g.owner, g.sliceStart = m, now
 	if m != nil {
 		g.sliceIssued0 = m.lastIssued
@@ -604,7 +612,7 @@ func (g *gpu) settleDrain(end, now time.Time) {
 		g.sliceStart = now
 	}
 	if d != o { // the same member's next slice goes on counting
-		g.costFromSlice(d)
+		g.costFromSlice(d, g.closePassed)
 	}
 }
 

@@ -153,6 +153,33 @@ func TestWeightedOnH200Model(t *testing.T) {
 	within(t, "b/a images/s", rates["b"]/rates["a"], 1.6, 2.5)
 }
 
+// TestShortKernelsAloneKeepTheDevice: a container alone on a gated GPU,
+// launching 5 us kernels, uses about what it uses ungated. Its slices are
+// never closed (nobody else waits), and its cost per launch must still be
+// measured: at the prior estimate (50 us a launch) each tick would release
+// a fifth of what the device runs until the next.
+func TestShortKernelsAloneKeepTheDevice(t *testing.T) {
+	r := start(t, scheduler.GPUSettings{Policy: policy.Weighted, PolicySet: true})
+	work := []string{"--seconds", "4", "--kernels", "8", "--kernel-ns", "5000", "--progress"}
+	rate := map[string]float64{}
+	for _, c := range []simrun.Container{named(claims("GPUWARDEN_COMPUTE_WEIGHT=2"), "gated", work),
+		{Name: "ungated", Args: work, Ungated: true}} {
+		spawn(t, r, c)
+		time.Sleep(time.Second)
+		t0 := time.Now()
+		time.Sleep(2 * time.Second)
+		if _, err := r.Wait(c.Name, 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		var err error
+		if rate[c.Name], err = r.Rate(c.Name, t0, t0.Add(2*time.Second)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("images/s: %v", rate)
+	within(t, "gated/ungated images/s", rate["gated"]/rate["ungated"], 0.7, 1.3)
+}
+
 // TestWeightedIdlePartnerKeepsSlices: a container of weight 2 that holds a
 // context but launches nothing keeps its 2 slices.
 func TestWeightedIdlePartnerKeepsSlices(t *testing.T) {
