@@ -638,6 +638,16 @@ func (m *member) nearlyRun(ns time.Duration) bool {
 	return ok
 }
 
+// othersWait says a member other than o waits at its gate.
+func (g *gpu) othersWait(o *member) bool {
+	for _, m := range g.active {
+		if m != o && m.waiting {
+			return true
+		}
+	}
+	return false
+}
+
 // passed is how many of m's tickets have passed its gate: those its grant
 // covers (the rest wait).
 func (m *member) passed() uint64 { return min(m.lastIssued, m.c.limits.Grant(m.dev)) }
@@ -684,8 +694,10 @@ func (g *gpu) drained(now time.Time, cfg Config) (time.Time, bool) {
 }
 
 // release raises the owner's grant: a lookahead of device time past what it
-// has taken, and no further than the end of its slice (what it does not use
-// by then is taken back when its gate closes). A slice always runs its full
+// has taken and, while another container waits, no further than the end of
+// its slice (what it does not use by then is taken back when its gate
+// closes; an owner that nobody waits for keeps the device, and a grant cut
+// at each slice's end would idle it until the next tick). A slice always runs its full
 // length (the owner's credit may go into debt, paid back before its next
 // slice), so that switching costs the same share of every container's time.
 // sliceLen is a slice's length: Config.Slice, or longer where kernels are
@@ -701,9 +713,10 @@ func (g *gpu) release(o *member, now time.Time, cfg Config) {
 	}
 	c := o.costNs()
 	tickets := func(ns float64) uint64 { return uint64(max(1, math.Ceil(ns/c))) }
-	elapsed := float64(now.Sub(g.sliceStart))
-	end := g.sliceLen(cfg)
-	ahead := min(float64(cfg.Lookahead), end-elapsed)
+	ahead := float64(cfg.Lookahead)
+	if g.othersWait(o) {
+		ahead = min(ahead, g.sliceLen(cfg)-float64(now.Sub(g.sliceStart)))
+	}
 	if ahead <= 0 {
 		return
 	}
