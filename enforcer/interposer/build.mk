@@ -64,3 +64,9 @@ $(BIN)/interposer/gw-remote: $(GW_DIR)/tests/gw_remote.c simgpu/include/cuda.h s
 	@mkdir -p $(@D)
 	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -Werror -pthread -Isimgpu/include -o $@ $< \
 		-L$(BIN)/simgpu -l:libcuda.so.1 -l:libnvidia-ml.so.1 -Wl,-rpath,'$$ORIGIN/../simgpu'
+
+# Plain TCP between two C programs: the remote bench's ceiling.
+BUILD_TARGETS += $(BIN)/interposer/gw-tcp
+$(BIN)/interposer/gw-tcp: $(GW_DIR)/tests/gw_tcp.c
+	@mkdir -p $(@D)
+	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -Werror -pthread -o $@ $<

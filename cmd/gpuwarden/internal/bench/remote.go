@@ -33,6 +33,7 @@ const (
 	remoteBenchAddr    = "10.231.0.1"
 	remoteBenchClient  = "10.231.0.2"
 	remoteBenchNetemUs = 50
+	remoteBenchTCPPort = 7071 // gw-tcp's, beside the agent's 7070
 )
 
 // benchNet is one way to reach the GPU node: a network namespace to run
@@ -129,7 +130,7 @@ func benchRemote(o options, stdout io.Writer) error {
 		f := figure{prog: "simgpu/workload", key: "workload_steps_per_sec", name: "kernel_" + k.name + "_steps_per_sec",
 			unit: "steps/s", budget: k.budget, budgetNets: []string{"loopback", "veth"},
 			args: []string{"--alloc", "256Mi", "--seconds", secs, "--kernels", "8", "--kernel-ns", strconv.Itoa(k.ns)}}
-		if err := r.compare(f, stdout); err != nil {
+		if _, err := r.compare(f, stdout); err != nil {
 			return err
 		}
 	}
@@ -137,18 +138,20 @@ func benchRemote(o options, stdout io.Writer) error {
 	// trickle out between the client's flushes, then a sync.
 	train := figure{prog: "simgpu/workload", key: "workload_steps_per_sec", name: "train_steps_per_sec", unit: "steps/s",
 		args: []string{"--alloc", "256Mi", "--seconds", secs, "--kernels", "16", "--kernel-ns", "200000", "--uneven", "--host-ns", "20000"}}
-	if err := r.compare(train, stdout); err != nil {
+	if _, err := r.compare(train, stdout); err != nil {
 		return err
 	}
 	// One synchronous call's round trip: cuCtxSynchronize on an idle
 	// context, nothing queued before it. A time, not a rate: no ratio row.
 	rt := figure{prog: "interposer/gw-remote", args: []string{"roundtrip", "2000"}, key: "sync_call_us",
 		name: "sync_round_trip_us", unit: "us", transform: func(us float64) float64 { return us }}
-	if err := r.compare(rt, stdout); err != nil {
+	rtGot, err := r.compare(rt, stdout)
+	if err != nil {
 		return err
 	}
 	// Launches a second (zero-length kernels, a sync every 1,000) and
 	// bandwidth, with gw-remote.
+	got := map[string]map[string]float64{}
 	for _, f := range []figure{
 		{prog: "interposer/gw-remote", args: []string{"launches", "200000"}, key: "launches_per_sec", name: "launches_per_sec",
 			unit: "launches/s", budget: budgetLaunchRate, budgetNets: []string{"loopback"}},
@@ -157,9 +160,65 @@ func benchRemote(o options, stdout io.Writer) error {
 		{prog: "interposer/gw-remote", args: []string{"bandwidth", "64"}, key: "dtoh_mib_per_sec", name: "dtoh_mib_per_sec",
 			unit: "MiB/s", budget: budgetBandwidth, budgetNets: []string{"loopback"}},
 	} {
-		if err := r.compare(f, stdout); err != nil {
+		if got[f.key], err = r.compare(f, stdout); err != nil {
 			return err
 		}
+	}
+	got["sync_call_us"] = rtGot
+	return r.tcpCeiling(server, got, stdout)
+}
+
+// tcpCeiling measures plain TCP between two C programs (bin/interposer/gw-tcp)
+// over each network, as the remote figures were, and prints each remote
+// figure against it: what the link allows, beside what a session reaches.
+func (r *remoteRunner) tcpCeiling(server *benchNetNS, remote map[string]map[string]float64, stdout io.Writer) error {
+	serve := exec.Command("nsenter", "--net="+server.path, "--", filepath.Join(r.m.Bin, "interposer/gw-tcp"),
+		"serve", "0.0.0.0:"+strconv.Itoa(remoteBenchTCPPort))
+	out, err := serve.StdoutPipe()
+	if err == nil {
+		err = serve.Start()
+	}
+	if err != nil {
+		return fmt.Errorf("gw-tcp serve: %w", err)
+	}
+	defer func() { _ = serve.Process.Kill(); _ = serve.Wait() }()
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || !strings.HasPrefix(line, "listening ") {
+		return fmt.Errorf("gw-tcp serve did not listen (%q, %v)", line, err)
+	}
+	vals := map[string]map[string][]float64{}
+	ktls := 0.0
+	for round := 0; round < benchRounds; round++ {
+		for i := range r.nets {
+			n := r.nets[(i+round)%len(r.nets)]
+			r.setNetem(n.name == "veth_netem50us")
+			cmd := exec.Command("nsenter", "--net="+n.netns, "--", filepath.Join(r.m.Bin, "interposer/gw-tcp"),
+				"client", n.addr+":"+strconv.Itoa(remoteBenchTCPPort), "2000", "64")
+			got, err := benchLines(cmd)
+			r.setNetem(false)
+			if err != nil {
+				return err
+			}
+			if vals[n.name] == nil {
+				vals[n.name] = map[string][]float64{}
+			}
+			for k, v := range got {
+				vals[n.name][k] = append(vals[n.name][k], v)
+			}
+			ktls = max(ktls, got["tcp_ktls_available"])
+		}
+	}
+	// Kernel TLS would let the endpoints hold the encrypted socket themselves.
+	fmt.Fprintf(stdout, "BENCH remote_ktls_available %d bool\n", int(ktls))
+	for _, n := range r.nets {
+		med := func(k string) float64 { return interposerMedian(vals[n.name][k]) }
+		rt, send, recv := med("tcp_round_trip_us"), med("tcp_send_mib_per_sec"), med("tcp_recv_mib_per_sec")
+		fmt.Fprintf(stdout, "BENCH tcp_ceiling_%s_round_trip_us %.2f us\n", n.name, rt)
+		fmt.Fprintf(stdout, "BENCH tcp_ceiling_%s_send_mib_per_sec %.0f MiB/s\n", n.name, send)
+		fmt.Fprintf(stdout, "BENCH tcp_ceiling_%s_recv_mib_per_sec %.0f MiB/s\n", n.name, recv)
+		fmt.Fprintf(stdout, "BENCH remote_%s_sync_round_trip_over_tcp_ceiling_us %.2f us\n", n.name,
+			remote["sync_call_us"][n.name]-rt)
+		fmt.Fprintf(stdout, "BENCH remote_%s_htod_vs_tcp_ceiling %.3f ratio\n", n.name, remote["htod_mib_per_sec"][n.name]/send)
+		fmt.Fprintf(stdout, "BENCH remote_%s_dtoh_vs_tcp_ceiling %.3f ratio\n", n.name, remote["dtoh_mib_per_sec"][n.name]/recv)
 	}
 	return nil
 }
@@ -181,8 +240,9 @@ type figure struct {
 
 // compare prints local_<name>, remote_<net>_<name>, their ratio (the
 // median of the rounds' ratios) and, where a budget is stated,
-// remote_<net>_<name>_within_budget.
-func (r *remoteRunner) compare(f figure, stdout io.Writer) error {
+// remote_<net>_<name>_within_budget; it returns the medians by "local" and
+// network name.
+func (r *remoteRunner) compare(f figure, stdout io.Writer) (map[string]float64, error) {
 	vals := map[string][]float64{}
 	ratios := map[string][]float64{}
 	for round := 0; round < benchRounds; round++ {
@@ -203,11 +263,11 @@ func (r *remoteRunner) compare(f figure, stdout io.Writer) error {
 			if err != nil {
 				time.Sleep(2 * time.Second) // for the agent to log how the session's worker ended
 				log, _ := os.ReadFile(filepath.Join(r.m.Dir, "agent.log"))
-				return fmt.Errorf("%w\nthe agent's log ends:\n%s", err, agentapi.LogEnd(string(log)))
+				return nil, fmt.Errorf("%w\nthe agent's log ends:\n%s", err, agentapi.LogEnd(string(log)))
 			}
 			v, ok := out[f.key]
 			if !ok || v <= 0 {
-				return fmt.Errorf("%s %v printed no %s", f.prog, f.args, f.key)
+				return nil, fmt.Errorf("%s %v printed no %s", f.prog, f.args, f.key)
 			}
 			got[name] = v
 			if f.transform != nil {
@@ -219,10 +279,12 @@ func (r *remoteRunner) compare(f figure, stdout io.Writer) error {
 			ratios[n.name] = append(ratios[n.name], got[n.name]/got["local"]) // of the raw rates
 		}
 	}
-	fmt.Fprintf(stdout, "BENCH local_%s %.2f %s\n", f.name, interposerMedian(vals["local"]), f.unit)
+	medians := map[string]float64{"local": interposerMedian(vals["local"])}
+	fmt.Fprintf(stdout, "BENCH local_%s %.2f %s\n", f.name, medians["local"], f.unit)
 	for _, n := range r.nets {
 		ratio := interposerMedian(ratios[n.name])
-		fmt.Fprintf(stdout, "BENCH remote_%s_%s %.2f %s\n", n.name, f.name, interposerMedian(vals[n.name]), f.unit)
+		medians[n.name] = interposerMedian(vals[n.name])
+		fmt.Fprintf(stdout, "BENCH remote_%s_%s %.2f %s\n", n.name, f.name, medians[n.name], f.unit)
 		if f.transform == nil {
 			fmt.Fprintf(stdout, "BENCH remote_%s_%s_ratio %.3f ratio\n", n.name, f.name, ratio)
 		}
@@ -230,7 +292,7 @@ func (r *remoteRunner) compare(f figure, stdout io.Writer) error {
 			fmt.Fprintf(stdout, "BENCH remote_%s_%s_within_budget %d bool\n", n.name, f.name, b2i(ratio >= f.budget))
 		}
 	}
-	return nil
+	return medians, nil
 }
 
 func netNames(nets []benchNet) []string {
