@@ -5,6 +5,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"time"
 
@@ -40,7 +41,8 @@ type sharesPolicy struct {
 // batch 16-128, a CUDA graph, a sync after every launch. Each row runs
 // three times (GPUWARDEN_BENCH_RUNS); the budget is a mean within 2% of
 // target, every run within 5%, and the pair's rate at least 0.95 of the same
-// pair ungated.
+// pair ungated. Beside each shape, one container alone, ungated, against the
+// pair: the most slices can reach.
 func benchShares(o options, stdout io.Writer) error {
 	bin, err := simmachine.BinDir()
 	if err != nil {
@@ -94,6 +96,16 @@ func benchShares(o options, stdout io.Writer) error {
 		if err != nil {
 			return fmt.Errorf("%s ungated: %w", sh.name, err)
 		}
+		// One container alone, ungated: slices give the device to one
+		// container at a time, so the device idles in its host time
+		// (between a sync's return and its next launch) as it does alone,
+		// where two ungated containers fill each other's. This is the most
+		// the pair's throughput can reach under slices.
+		alone, err := pairRun(m, scheduler.GPUSettings{}, sh, nil, nil, true, s, "a")
+		if err != nil {
+			return fmt.Errorf("%s alone: %w", sh.name, err)
+		}
+		fmt.Fprintf(stdout, "BENCH shares_h200_%s_alone_vs_ungated_pair %.3f ratio\n", sh.name, alone.rate/free.rate)
 		for _, sampleMs := range []int{167, 1000} {
 			m.SampleMs = sampleMs
 			for _, p := range policies {
@@ -126,7 +138,7 @@ func benchShares(o options, stdout io.Writer) error {
 	return nil
 }
 
-// pairResult is one run of two containers, over the middle 60% of the run
+// pairResult is one run of two containers (or of those only names), over the middle 60% of the run
 // (from the workloads' progress lines): b's images/s over a's (gated runs
 // only), and both together's images/s. The window leaves out the start,
 // where a new container's grants grow from a few launches a slice until its
@@ -134,7 +146,7 @@ func benchShares(o options, stdout io.Writer) error {
 // as much as hours of training do not.
 type pairResult struct{ ratio, rate float64 }
 
-func pairRun(m simrun.Machine, gs scheduler.GPUSettings, sh sharesShape, aEnv, bEnv []string, ungated bool, secs float64) (pairResult, error) {
+func pairRun(m simrun.Machine, gs scheduler.GPUSettings, sh sharesShape, aEnv, bEnv []string, ungated bool, secs float64, only ...string) (pairResult, error) {
 	run, err := simrun.Start(m, scheduler.Config{}, gs)
 	if err != nil {
 		return pairResult{}, err
@@ -142,8 +154,15 @@ func pairRun(m simrun.Machine, gs scheduler.GPUSettings, sh sharesShape, aEnv, b
 	defer run.Close()
 	args := append([]string{"--seconds", strconv.FormatFloat(secs, 'f', -1, 64), "--progress"}, sh.args...)
 	claims := scheduler.Settings{FromClaims: true}
+	names := []string{"a", "b"}
+	if len(only) > 0 {
+		names = only
+	}
 	for _, c := range []simrun.Container{{Name: "a", Args: args, Env: aEnv, Settings: claims, Ungated: ungated},
 		{Name: "b", Args: args, Env: bEnv, Settings: claims, Ungated: ungated}} {
+		if !slices.Contains(names, c.Name) {
+			continue
+		}
 		if err := run.Spawn(c); err != nil {
 			return pairResult{}, err
 		}
@@ -157,7 +176,7 @@ func pairRun(m simrun.Machine, gs scheduler.GPUSettings, sh sharesShape, aEnv, b
 	t1 := time.Now()
 	var res pairResult
 	rates := map[string]float64{}
-	for _, n := range []string{"a", "b"} {
+	for _, n := range names {
 		if _, err := run.Wait(n, time.Duration(secs+30)*time.Second); err != nil {
 			return pairResult{}, err
 		}
