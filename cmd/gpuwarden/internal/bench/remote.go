@@ -247,14 +247,17 @@ func (r *remoteRunner) compare(f figure, stdout io.Writer) (map[string]float64, 
 	ratios := map[string][]float64{}
 	for round := 0; round < benchRounds; round++ {
 		got := map[string]float64{}
-		order := append([]string{"local"}, netNames(r.nets)...)
+		order := append([]string{"local", unixDirect}, netNames(r.nets)...)
 		for i := range order {
 			name := order[(i+round)%len(order)]
 			var out map[string]float64
 			var err error
-			if name == "local" {
+			switch name {
+			case "local":
 				out, err = r.local(f.prog, f.args...)
-			} else {
+			case unixDirect:
+				out, err = r.direct(f.prog, f.args...)
+			default:
 				n := r.net(name)
 				r.setNetem(n.name == "veth_netem50us")
 				out, err = r.remote(n, f.prog, f.args...)
@@ -275,12 +278,16 @@ func (r *remoteRunner) compare(f figure, stdout io.Writer) (map[string]float64, 
 			}
 			vals[name] = append(vals[name], v)
 		}
-		for _, n := range r.nets {
-			ratios[n.name] = append(ratios[n.name], got[n.name]/got["local"]) // of the raw rates
+		for _, n := range append(netNames(r.nets), unixDirect) {
+			ratios[n] = append(ratios[n], got[n]/got["local"]) // of the raw rates
 		}
 	}
-	medians := map[string]float64{"local": interposerMedian(vals["local"])}
+	medians := map[string]float64{"local": interposerMedian(vals["local"]), unixDirect: interposerMedian(vals[unixDirect])}
 	fmt.Fprintf(stdout, "BENCH local_%s %.2f %s\n", f.name, medians["local"], f.unit)
+	fmt.Fprintf(stdout, "BENCH remote_%s_%s %.2f %s\n", unixDirect, f.name, medians[unixDirect], f.unit)
+	if f.transform == nil {
+		fmt.Fprintf(stdout, "BENCH remote_%s_%s_ratio %.3f ratio\n", unixDirect, f.name, interposerMedian(ratios[unixDirect]))
+	}
 	for _, n := range r.nets {
 		ratio := interposerMedian(ratios[n.name])
 		medians[n.name] = interposerMedian(vals[n.name])
@@ -349,6 +356,49 @@ func (r *remoteRunner) remote(n benchNet, prog string, args ...string) (map[stri
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "nsenter", append(all, args...)...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // a client node: no simgpu, no driver
+	return benchLines(cmd)
+}
+
+// unixDirect is the remote path without relays: the client library
+// straight to a worker over a unix socket, no TLS, no agent between. What a
+// session on the GPU node's own machine would reach if the agents stepped
+// off its data path, and so what the two relays cost beside it.
+const unixDirect = "unix_direct"
+
+// direct runs prog on the client library against a worker of its own on
+// the GPU node, as the server starts one (under the interposer), joined
+// by a unix socket.
+func (r *remoteRunner) direct(prog string, args ...string) (map[string]float64, error) {
+	dir, err := os.MkdirTemp("", "gwb") // short: a socket path has 108 bytes
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+	sock := filepath.Join(dir, "s")
+	ctx, cancel := context.WithTimeout(context.Background(), benchRunTimeout)
+	defer cancel()
+	w := exec.CommandContext(ctx, filepath.Join(r.m.Bin, "gpuwarden-worker"), "--listen", sock)
+	w.Env = append(r.m.Env(), "LD_LIBRARY_PATH="+filepath.Join(r.m.Bin, "simgpu"),
+		"LD_PRELOAD="+filepath.Join(r.m.Bin, "libgpuwarden.so"), "GPUWARDEN_CONTROL_DIR="+r.m.ControlDir(),
+		"GPUWARDEN_MEMORY_LIMIT=8Gi")
+	var werr bytes.Buffer
+	w.Stderr = &werr
+	if err := w.Start(); err != nil {
+		return nil, fmt.Errorf("gpuwarden-worker: %w", err)
+	}
+	defer func() { _ = w.Process.Kill(); _ = w.Wait() }()
+	for i := 0; ; i++ { // the socket appears once the worker listens
+		if _, err := os.Stat(sock); err == nil {
+			break
+		}
+		if i == 500 {
+			return nil, fmt.Errorf("gpuwarden-worker made no socket in 5s: %s", werr.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cmd := exec.CommandContext(ctx, filepath.Join(r.m.Bin, prog), args...)
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "GPUWARDEN_REMOTE=unix:" + sock,
+		"LD_LIBRARY_PATH=" + filepath.Join(r.m.Bin, "remote")}
 	return benchLines(cmd)
 }
 
