@@ -36,10 +36,8 @@ func TestTCPCeilingProgram(t *testing.T) {
 		t.Fatalf("client: %v: %s", err, client)
 	}
 	got := map[string]float64{}
-	for _, l := range strings.Split(string(client), "\n") {
-		if f := strings.Fields(l); len(f) >= 3 && f[0] == "BENCH" {
-			got[f[1]], _ = strconv.ParseFloat(f[2], 64)
-		}
+	for _, m := range benchValue.FindAllStringSubmatch(string(client), -1) {
+		got[m[1]], _ = strconv.ParseFloat(m[2], 64)
 	}
 	t.Logf("%v", got)
 	if v := got["tcp_round_trip_us"]; v <= 0 || v > 100000 {

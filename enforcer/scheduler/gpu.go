@@ -231,11 +231,12 @@ func (g *gpu) measure(busy map[string]uint64, dt time.Duration) {
 // ended: the clock time it was charged (start to drained) over the tickets
 // that ran in it (passed: its tickets past the gate at the slice's end; of a
 // slice its owner keeps, some have yet to run, as some that ran in it passed
-// before it began, and the two even out). The measure holds whatever the estimate was: one too low
-// released more than the device ran, and the slice lasted until it had run;
-// one too high released less, but a lookahead (more than a tick) at a time,
-// so the device ran more tickets than the estimate allowed for, unless the
-// owner itself left it idle (then the measure is its own pace).
+// before it began, and the two even out). The measure holds whatever the
+// estimate was: one too low released more than the device ran, and the
+// slice lasted until it had run; one too high released less, but a
+// lookahead (more than a tick) at a time, so the device ran more tickets
+// than the estimate allowed for, unless the owner itself left it idle (then
+// the measure is its own pace).
 func (g *gpu) costFromSlice(m *member, passed uint64) {
 	tickets := float64(passed - min(passed, m.slice0))
 	if tickets >= 1 && m.spent > 0 {
@@ -697,9 +698,10 @@ func (g *gpu) drained(now time.Time, cfg Config) (time.Time, bool) {
 // has taken and, while another container waits, no further than the end of
 // its slice (what it does not use by then is taken back when its gate
 // closes; an owner that nobody waits for keeps the device, and a grant cut
-// at each slice's end would idle it until the next tick). A slice always runs its full
-// length (the owner's credit may go into debt, paid back before its next
-// slice), so that switching costs the same share of every container's time.
+// at each slice's end would idle it until the next tick). A slice always
+// runs its full length (the owner's credit may go into debt, paid back
+// before its next slice), so that switching costs the same share of every
+// container's time.
 // sliceLen is a slice's length: Config.Slice, or longer where kernels are
 // long, so that a slice holds several of them (the device would otherwise
 // switch, and wait for the previous owner's last kernel, every kernel or two).

@@ -282,21 +282,17 @@ func (r *remoteRunner) compare(f figure, stdout io.Writer) (map[string]float64, 
 			ratios[n] = append(ratios[n], got[n]/got["local"]) // of the raw rates
 		}
 	}
-	medians := map[string]float64{"local": interposerMedian(vals["local"]), unixDirect: interposerMedian(vals[unixDirect])}
+	medians := map[string]float64{"local": interposerMedian(vals["local"])}
 	fmt.Fprintf(stdout, "BENCH local_%s %.2f %s\n", f.name, medians["local"], f.unit)
-	fmt.Fprintf(stdout, "BENCH remote_%s_%s %.2f %s\n", unixDirect, f.name, medians[unixDirect], f.unit)
-	if f.transform == nil {
-		fmt.Fprintf(stdout, "BENCH remote_%s_%s_ratio %.3f ratio\n", unixDirect, f.name, interposerMedian(ratios[unixDirect]))
-	}
-	for _, n := range r.nets {
-		ratio := interposerMedian(ratios[n.name])
-		medians[n.name] = interposerMedian(vals[n.name])
-		fmt.Fprintf(stdout, "BENCH remote_%s_%s %.2f %s\n", n.name, f.name, medians[n.name], f.unit)
+	for _, n := range append([]string{unixDirect}, netNames(r.nets)...) {
+		ratio := interposerMedian(ratios[n])
+		medians[n] = interposerMedian(vals[n])
+		fmt.Fprintf(stdout, "BENCH remote_%s_%s %.2f %s\n", n, f.name, medians[n], f.unit)
 		if f.transform == nil {
-			fmt.Fprintf(stdout, "BENCH remote_%s_%s_ratio %.3f ratio\n", n.name, f.name, ratio)
+			fmt.Fprintf(stdout, "BENCH remote_%s_%s_ratio %.3f ratio\n", n, f.name, ratio)
 		}
-		if f.budget > 0 && slices.Contains(f.budgetNets, n.name) {
-			fmt.Fprintf(stdout, "BENCH remote_%s_%s_within_budget %d bool\n", n.name, f.name, b2i(ratio >= f.budget))
+		if f.budget > 0 && slices.Contains(f.budgetNets, n) {
+			fmt.Fprintf(stdout, "BENCH remote_%s_%s_within_budget %d bool\n", n, f.name, b2i(ratio >= f.budget))
 		}
 	}
 	return medians, nil

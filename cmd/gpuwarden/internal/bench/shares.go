@@ -138,9 +138,10 @@ func benchShares(o options, stdout io.Writer) error {
 	return nil
 }
 
-// pairResult is one run of two containers (or of those only names), over the middle 60% of the run
-// (from the workloads' progress lines): b's images/s over a's (gated runs
-// only), and both together's images/s. The window leaves out the start,
+// pairResult is one run of two containers (of a alone where pairRun's only
+// says so), over the middle 60% of the run (from the workloads' progress
+// lines): b's images/s over a's (gated pairs only), and both together's
+// images/s. The window leaves out the start,
 // where a new container's grants grow from a few launches a slice until its
 // cost per launch is measured, which a run of seconds would otherwise weigh
 // as much as hours of training do not.
