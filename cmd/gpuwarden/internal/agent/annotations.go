@@ -57,18 +57,32 @@ func (p *podAnnotations) pod(ctx context.Context, a *Agent, namespace, pod strin
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if time.Since(p.fetched) > p.refresh {
-		pods, err := p.client.PodsOnNode(ctx, p.node)
-		a.parts.set("kubernetes", true, err)
-		if err != nil {
-			a.log.Warn("cannot list pods for their annotations", "err", err)
-		} else {
-			p.byPod = make(map[string]kubeapi.Pod, len(pods))
-			for _, pd := range pods {
-				p.byPod[pd.Namespace+"/"+pd.Name] = pd
-			}
-		}
-		p.fetched = time.Now()
+		p.fetch(ctx, a)
 	}
 	pd, ok := p.byPod[namespace+"/"+pod]
+	if !ok && time.Since(p.fetched) > missRefetch {
+		// A pod that started since the last list (the kubelet names it, so
+		// it exists): its first GPU call comes seconds after it starts.
+		p.fetch(ctx, a)
+		pd, ok = p.byPod[namespace+"/"+pod]
+	}
 	return pd, ok
+}
+
+// missRefetch is how old the list must be before a pod it lacks makes the
+// agent list again: one list at most this often, however many new pods.
+const missRefetch = 500 * time.Millisecond
+
+func (p *podAnnotations) fetch(ctx context.Context, a *Agent) {
+	pods, err := p.client.PodsOnNode(ctx, p.node)
+	a.parts.set("kubernetes", true, err)
+	if err != nil {
+		a.log.Warn("cannot list pods for their annotations", "err", err)
+	} else {
+		p.byPod = make(map[string]kubeapi.Pod, len(pods))
+		for _, pd := range pods {
+			p.byPod[pd.Namespace+"/"+pd.Name] = pd
+		}
+	}
+	p.fetched = time.Now()
 }
