@@ -54,7 +54,7 @@ test: gpu-check
 # restores the host after, even when they fail; a host that cannot run a
 # cluster skips them, or fails under GPUWARDEN_REQUIRE_PRIVILEGED=1.
 # Its packages share one cluster, so they run one at a time (-p 1).
-DEPS_K8S := runc containernetworking-plugins busybox-static iproute2 util-linux openssl gcc libc6-dev
+DEPS_K8S := runc containernetworking-plugins iptables busybox-static iproute2 util-linux openssl gcc libc6-dev
 DEPS_TEST += $(DEPS_K8S)
 
 .PHONY: k8s-test

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# cluster.sh: a real single-node Kubernetes cluster for gpuwarden's end-to-end
+# cluster.sh: a real two-node Kubernetes cluster for gpuwarden's end-to-end
 # tests, built from source and run inside a network namespace of its own.
 #
 #   cluster.sh build         build Kubernetes and containerd into the cache (once per version)
@@ -20,6 +20,21 @@
 # containerd (2.x, for CDI: the kubelet hands DRA devices to the runtime as
 # CDI names) is the one deploy/k8stest/containerd/go.mod requires, built the
 # same way; runc and the CNI plugins are Debian's.
+#
+# Node 1 (gpuwarden-k8s) runs the control plane's pods and the tests' GPU
+# pods. Node 2 (gpuwarden-k8s-2), brought up once node 1 is Ready, is a node
+# without GPUs, for remote GPUs: its pods use a GPU of node 1 over the
+# network through gpuwarden's relay. It has its own containerd (pod subnet,
+# CNI bridge and directories under $S/node2) and its own kubelet (ports,
+# certificate, root directory, pod-resources socket and a cgroup root,
+# /gpuwarden-node2, of its own), at node 1's address in the same namespace.
+# It is labelled and tainted gpuwarden.io/remote-client=true (NoSchedule):
+# pods that do not tolerate the taint, which is every pod of the tests
+# before it, never land there. The kubelet's device-plugins directory is
+# fixed in its code and emptied by its device manager at start, so node 2's
+# kubelet runs in a mount namespace of its own where $S/node2/device-plugins
+# is mounted over it; its root directory is a shared mount, so that the
+# volumes it mounts for pods reach containerd in the host's namespace.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -99,6 +114,14 @@ SYSCTLS=(vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops
 HOST_PATHS=(/var/lib/kubelet /var/lib/kubelet/device-plugins /var/lib/cni /var/log/containers
     /var/log/pods /run/containerd /run/netns)
 DEVICE_PLUGINS=/var/lib/kubelet/device-plugins # the kubelet's, fixed in its code
+# Node 2, without GPUs: the same address (both kubelets are in the one
+# namespace), its own kubelet ports, pod subnet and cgroup root, its label
+# and taint (key=value:effect).
+NODE2=gpuwarden-k8s-2
+NODE2_PORT=11250 NODE2_HEALTHZ_PORT=11248 # node 1's are the defaults, 10250 and 10248
+POD_CIDR2=10.214.1.0/24
+CGROUP_ROOT2=/gpuwarden-node2
+NODE2_TAINT=gpuwarden.io/remote-client=true:NoSchedule
 
 S= NS= CMD_GROUP= PIDS=() NAMES=()
 
@@ -169,6 +192,97 @@ image() {
     rm -rf "$dir"
 }
 
+# containerd_up NODE LOG DIR CDI CNI BRIDGE SUBNET: a node's containerd,
+# logging to $S/log/LOG.log, with its root, state, sockets and config
+# under DIR, its CDI specs read from CDI alone, its pods on BRIDGE in
+# SUBNET (CNI's config and IP leases under CNI), a pod's hostPorts mapped
+# at the node's address by the portmap plugin (iptables rules inside the
+# namespace: node 2's remote GPU clients dial node 1's agent there), and
+# the pause and busybox images imported. Config version 4 (2.3's: the sockets are the server
+# plugins' settings). restrict_oom_score_adj: root here lacks
+# CAP_SYS_RESOURCE, and runc fails to lower oom_score_adj. The pause image
+# is the imported one, pinned (never pulled, never collected). CDI is
+# always on in containerd 2.x. NRI is off: its socket would be a host path
+# (/var/run/nri).
+containerd_up() {
+    local node=$1 log=$2 dir=$3 cdi=$4 cni=$5 bridge=$6 subnet=$7
+    mkdir -p "$dir" "$cdi" "$cni/net.d" "$cni/ipam"
+    cat >"$dir/config.toml" <<EOC
+version = 4
+root = "$dir/root"
+state = "$dir/state"
+[plugins.'io.containerd.server.v1.grpc']
+  address = "$dir/containerd.sock"
+[plugins.'io.containerd.server.v1.ttrpc']
+  address = "$dir/containerd.sock.ttrpc"
+[plugins.'io.containerd.internal.v1.opt']
+  path = "$dir/opt"
+[plugins.'io.containerd.nri.v1.nri']
+  disable = true
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = "gpuwarden.test/pause:1"
+[plugins.'io.containerd.cri.v1.runtime']
+  restrict_oom_score_adj = true
+  cdi_spec_dirs = ["$cdi"]
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+    default_runtime_name = "runc"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["/usr/lib/cni"]
+    conf_dir = "$cni/net.d"
+EOC
+    cat >"$cni/net.d/10-gpuwarden.conflist" <<EOC
+{"cniVersion": "1.0.0", "name": "$node", "plugins": [
+  {"type": "bridge", "bridge": "$bridge", "isGateway": true, "ipMasq": false,
+   "ipam": {"type": "host-local", "dataDir": "$cni/ipam", "ranges": [[{"subnet": "$subnet"}]],
+            "routes": [{"dst": "0.0.0.0/0"}]}},
+  {"type": "portmap", "capabilities": {"portMappings": true}}]}
+EOC
+    # containerd starts its shims from PATH: the built one comes first.
+    start "$log" env PATH="$CTRD_CACHE/bin:$PATH" "$CTRD_CACHE/bin/containerd" --config "$dir/config.toml"
+    # ctr warns on every call that containerd deprecates cgroup v1;
+    # deploy/README.md says so once.
+    local ctr=(env CONTAINERD_SUPPRESS_DEPRECATION_WARNINGS=1
+        "$CTRD_CACHE/bin/ctr" --address "$dir/containerd.sock" -n k8s.io)
+    wait_for "$log" 60 "${ctr[@]}" version
+    "${ctr[@]}" images import "$S/images/pause.tar" >/dev/null
+    "${ctr[@]}" images import "$S/images/busybox.tar" >/dev/null
+}
+
+# kubelet_config FILE CERT CONTAINERD PODLOGS [EXTRA]: a kubelet's
+# configuration in FILE: serving with $S/pki/CERT.{crt,key}, its runtime
+# the containerd at the socket CONTAINERD, pod logs in PODLOGS, and EXTRA's
+# YAML lines last.
+kubelet_config() {
+    cat >"$1" <<EOC
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $NODE_IP
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: "$S/pki/ca.crt"}
+authorization: {mode: Webhook}
+tlsCertFile: "$S/pki/$2.crt"
+tlsPrivateKeyFile: "$S/pki/$2.key"
+containerRuntimeEndpoint: "unix://$3"
+cgroupDriver: cgroupfs
+# The host's cgroups are hybrid (v1 controllers, v2 at /sys/fs/cgroup/unified),
+# which the kubelet counts as cgroup v1 and refuses by default.
+failCgroupV1: false
+failSwapOn: false
+podLogsDir: "$4"
+# A shared test machine: never evict or collect images for disk or memory.
+evictionHard: {memory.available: "1Mi", nodefs.available: "0%", imagefs.available: "0%", nodefs.inodesFree: "0%"}
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+${5:-}
+EOC
+}
+
 up() {
     mkdir -p "$S"/{log,pki,host,images,etcd,kubelet,containerd,cdi,cni/net.d,cni/ipam,pod-logs}
 
@@ -199,10 +313,12 @@ up() {
     cert admin "/O=system:masters/CN=admin"
     cert apiserver-kubelet "/O=system:masters/CN=kube-apiserver-kubelet-client"
     cert kubelet "/O=system:nodes/CN=system:node:$NODE" "IP:$NODE_IP,DNS:$NODE"
+    cert kubelet-2 "/O=system:nodes/CN=system:node:$NODE2" "IP:$NODE_IP,DNS:$NODE2"
     openssl genrsa -out "$S/pki/sa.key" 2048 2>/dev/null
     openssl rsa -in "$S/pki/sa.key" -pubout -out "$S/pki/sa.pub" 2>/dev/null
     kubeconfig "$S/admin.kubeconfig" admin
     kubeconfig "$S/kubelet.kubeconfig" kubelet
+    kubeconfig "$S/kubelet-2.kubeconfig" kubelet-2
 
     # Images: a static pause and busybox, imported into containerd below.
     mkdir -p "$S/images/pause" "$S/images/busybox/bin"
@@ -242,85 +358,73 @@ up() {
         --authentication-kubeconfig "$S/admin.kubeconfig" --authorization-kubeconfig "$S/admin.kubeconfig" \
         --bind-address 127.0.0.1 --leader-elect=false --profiling=false
 
-    # containerd with everything under $S, in config version 4 (2.3's: the
-    # sockets are the server plugins' settings). restrict_oom_score_adj: root
-    # here lacks CAP_SYS_RESOURCE, and runc fails to lower oom_score_adj. The
-    # pause image is the imported one, pinned (never pulled, never
-    # collected). CDI is always on in containerd 2.x; its specs are read from
-    # $S/cdi alone. NRI is off: its socket would be a host path
-    # (/var/run/nri).
-    cat >"$S/containerd/config.toml" <<EOC
-version = 4
-root = "$S/containerd/root"
-state = "$S/containerd/state"
-[plugins.'io.containerd.server.v1.grpc']
-  address = "$S/containerd/containerd.sock"
-[plugins.'io.containerd.server.v1.ttrpc']
-  address = "$S/containerd/containerd.sock.ttrpc"
-[plugins.'io.containerd.internal.v1.opt']
-  path = "$S/containerd/opt"
-[plugins.'io.containerd.nri.v1.nri']
-  disable = true
-[plugins.'io.containerd.cri.v1.images'.pinned_images]
-  sandbox = "gpuwarden.test/pause:1"
-[plugins.'io.containerd.cri.v1.runtime']
-  restrict_oom_score_adj = true
-  cdi_spec_dirs = ["$S/cdi"]
-  [plugins.'io.containerd.cri.v1.runtime'.containerd]
-    default_runtime_name = "runc"
-    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-  [plugins.'io.containerd.cri.v1.runtime'.cni]
-    bin_dirs = ["/usr/lib/cni"]
-    conf_dir = "$S/cni/net.d"
-EOC
-    cat >"$S/cni/net.d/10-gpuwarden.conflist" <<EOC
-{"cniVersion": "1.0.0", "name": "gpuwarden-k8s", "plugins": [
-  {"type": "bridge", "bridge": "gwkbr0", "isGateway": true, "ipMasq": false,
-   "ipam": {"type": "host-local", "dataDir": "$S/cni/ipam", "ranges": [[{"subnet": "$POD_CIDR"}]],
-            "routes": [{"dst": "0.0.0.0/0"}]}}]}
-EOC
-    # containerd starts its shims from PATH: the built one comes first.
-    start containerd env PATH="$CTRD_CACHE/bin:$PATH" "$CTRD_CACHE/bin/containerd" \
-        --config "$S/containerd/config.toml"
-    # ctr warns on every call that containerd deprecates cgroup v1;
-    # deploy/README.md says so once.
-    local ctr=(env CONTAINERD_SUPPRESS_DEPRECATION_WARNINGS=1
-        "$CTRD_CACHE/bin/ctr" --address "$S/containerd/containerd.sock" -n k8s.io)
-    wait_for containerd 60 "${ctr[@]}" version
-    "${ctr[@]}" images import "$S/images/pause.tar" >/dev/null
-    "${ctr[@]}" images import "$S/images/busybox.tar" >/dev/null
-
-    cat >"$S/kubelet/config.yaml" <<EOC
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-address: $NODE_IP
-readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
-authentication:
-  anonymous: {enabled: false}
-  webhook: {enabled: true}
-  x509: {clientCAFile: "$S/pki/ca.crt"}
-authorization: {mode: Webhook}
-tlsCertFile: "$S/pki/kubelet.crt"
-tlsPrivateKeyFile: "$S/pki/kubelet.key"
-containerRuntimeEndpoint: "unix://$S/containerd/containerd.sock"
-cgroupDriver: cgroupfs
-# The host's cgroups are hybrid (v1 controllers, v2 at /sys/fs/cgroup/unified),
-# which the kubelet counts as cgroup v1 and refuses by default.
-failCgroupV1: false
-failSwapOn: false
-podLogsDir: "$S/pod-logs"
-# A shared test machine: never evict or collect images for disk or memory.
-evictionHard: {memory.available: "1Mi", nodefs.available: "0%", imagefs.available: "0%", nodefs.inodesFree: "0%"}
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-EOC
+    # Node 1: its containerd and kubelet, with everything under $S.
+    containerd_up "$NODE" containerd "$S/containerd" "$S/cdi" "$S/cni" gwkbr0 "$POD_CIDR"
+    kubelet_config "$S/kubelet/config.yaml" kubelet "$S/containerd/containerd.sock" "$S/pod-logs"
     start kubelet "$CACHE/bin/kubelet" --config "$S/kubelet/config.yaml" --kubeconfig "$S/kubelet.kubeconfig" \
         --root-dir "$S/kubelet" --cert-dir "$S/kubelet/pki" --hostname-override "$NODE" --node-ip "$NODE_IP"
     wait_for "node $NODE Ready" 240 kctl wait --for=condition=Ready "node/$NODE" --timeout=5s
     # Pods are refused until the namespace's service account exists.
     wait_for "the default service account" 120 kctl get serviceaccount default
+    up_node2
+}
+
+# up_node2: node 2, a node without GPUs, once node 1 is Ready: its own
+# containerd, and its own kubelet with everything under $S/node2.
+up_node2() {
+    local n2=$S/node2 m c
+    mkdir -p "$n2"/{kubelet,device-plugins,pod-logs}
+    containerd_up "$NODE2" containerd-2 "$n2/containerd" "$n2/cdi" "$n2/cni" gwkbr1 "$POD_CIDR2"
+
+    # Its pods' cgroups under a root of its own in every hierarchy, never in
+    # node 1's kubepods. The kubelet wants the root to exist, with the
+    # controllers it needs: a v1 cpuset cgroup starts with no CPUs and no
+    # memory nodes, and a v2 cgroup has the controllers its parent enables.
+    for m in $(cgroup_mounts); do
+        mkdir -p "$m$CGROUP_ROOT2"
+        if [ -f "$m/cpuset.cpus" ]; then
+            cat "$m/cpuset.cpus" >"$m$CGROUP_ROOT2/cpuset.cpus"
+            cat "$m/cpuset.mems" >"$m$CGROUP_ROOT2/cpuset.mems"
+        fi
+        if [ -f "$m/cgroup.subtree_control" ]; then
+            for c in $(cat "$m/cgroup.controllers"); do
+                echo "+$c" >"$m/cgroup.subtree_control" 2>/dev/null || true
+                echo "+$c" >"$m$CGROUP_ROOT2/cgroup.subtree_control" 2>/dev/null || true
+            done
+        fi
+    done
+
+    local taint=${NODE2_TAINT%:*}
+    kubelet_config "$n2/config.yaml" kubelet-2 "$n2/containerd/containerd.sock" "$n2/pod-logs" "$(cat <<EOC
+port: $NODE2_PORT
+healthzPort: $NODE2_HEALTHZ_PORT
+cgroupRoot: $CGROUP_ROOT2
+registerWithTaints: [{key: "${taint%%=*}", value: "${taint#*=}", effect: "${NODE2_TAINT##*:}"}]
+EOC
+)"
+
+    # The kubelet's device-plugins directory is fixed in its code, and its
+    # device manager empties it at start: node 2's kubelet runs in a mount
+    # namespace of its own where $n2/device-plugins is mounted over it,
+    # leaving node 1's kubelet.sock alone. The mounts it makes for pods
+    # (service-account tokens are tmpfs mounts) must reach containerd in
+    # the host's namespace: its root directory is a shared mount made here,
+    # which the new namespace's copy stays a peer of. The device-plugins
+    # mount must not come back: inside, the mount it lands on is made
+    # private first (a no-op where / is already private).
+    mkdir -p "$DEVICE_PLUGINS"
+    mount --bind "$n2/kubelet" "$n2/kubelet"
+    mount --make-shared "$n2/kubelet"
+    # shellcheck disable=SC2016 # the inner sh expands them
+    start kubelet-2 unshare --mount --propagation unchanged sh -ec '
+        mount --make-private "$(findmnt -n -o TARGET -T "$2")"
+        mount --bind "$1" "$2"
+        shift 2
+        exec "$@"' sh "$n2/device-plugins" "$DEVICE_PLUGINS" \
+        "$CACHE/bin/kubelet" --config "$n2/config.yaml" --kubeconfig "$S/kubelet-2.kubeconfig" \
+        --root-dir "$n2/kubelet" --cert-dir "$n2/kubelet/pki" --hostname-override "$NODE2" --node-ip "$NODE_IP" \
+        --node-labels "${NODE2_TAINT%:*}"
+    wait_for "node $NODE2 Ready" 240 kctl wait --for=condition=Ready "node/$NODE2" --timeout=5s
 }
 
 # stop PID NAME: SIGTERM, then SIGKILL after 30 seconds. A negative PID
@@ -336,10 +440,19 @@ stop() {
     kill -KILL -- "$pid" 2>/dev/null || true
 }
 
-# cgroup_dirs: the kubelet's pod cgroups in every hierarchy, deepest first.
+# cgroup_mounts: the host's cgroup hierarchies, v1 and v2.
+cgroup_mounts() {
+    awk '$9 == "cgroup" || $9 == "cgroup2" { print $5 }' /proc/self/mountinfo
+}
+
+# cgroup_dirs: the kubelets' pod cgroups in every hierarchy, deepest first:
+# node 1's kubepods, and node 2's cgroup root with its kubepods.
 cgroup_dirs() {
-    awk '$9 == "cgroup" || $9 == "cgroup2" { print $5 }' /proc/self/mountinfo | while read -r m; do
-        [ -d "$m/kubepods" ] && find "$m/kubepods" -depth -type d
+    local m d
+    for m in $(cgroup_mounts); do
+        for d in "$m/kubepods" "$m$CGROUP_ROOT2"; do
+            [ ! -d "$d" ] || find "$d" -depth -type d
+        done
     done
 }
 
@@ -363,16 +476,17 @@ teardown() {
         stop "${PIDS[$i]}" "${NAMES[$i]}"
         wait "${PIDS[$i]}" 2>/dev/null
     done
-    # What outlives them: containerd's shims (named by our socket) and any
-    # process left in a pod cgroup.
-    for pid in $(grep -lsF -- "$S/containerd/containerd.sock" /proc/[0-9]*/cmdline | cut -d/ -f3); do
+    # What outlives them: the containerds' shims (named by their sockets)
+    # and any process left in a pod cgroup.
+    for pid in $(grep -lsF -e "$S/containerd/containerd.sock" -e "$S/node2/containerd/containerd.sock" \
+        /proc/[0-9]*/cmdline | cut -d/ -f3); do
         kill -KILL "$pid" 2>/dev/null
     done
     for pid in $(cgroup_dirs | sed 's|$|/cgroup.procs|' | xargs -r cat 2>/dev/null | sort -u); do
         kill -KILL "$pid" 2>/dev/null
     done
-    # Mounts under the state directory, and the pods' network namespaces
-    # that containerd made, deepest first.
+    # Mounts under the state directory (node 2's kubelet root among them),
+    # and the pods' network namespaces that containerd made, deepest first.
     for m in $(awk -v s="$S/" 'index($5, s) == 1 { print $5 }' /proc/self/mountinfo | sort -r) \
         $(ls -d /run/netns/cni-* 2>/dev/null | grep -vxF -f "$S/host/netns-before"); do
         if grep -q " $m " /proc/self/mountinfo; then
@@ -428,19 +542,20 @@ unable() {
 preflight() {
     [ "$(id -u)" -eq 0 ] || unable "it needs root"
     local cmd
-    for cmd in nsenter ip runc openssl gcc busybox flock; do
+    for cmd in nsenter unshare mount findmnt ip iptables runc openssl gcc busybox flock; do
         command -v "$cmd" >/dev/null || unable "$cmd is not installed"
     done
-    [ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] || unable "the CNI plugins are not in /usr/lib/cni"
+    [ -x /usr/lib/cni/bridge ] && [ -x /usr/lib/cni/host-local ] && [ -x /usr/lib/cni/portmap ] ||
+        unable "the CNI plugins are not in /usr/lib/cni"
     grep -qs ' /sys/fs/cgroup' /proc/self/mountinfo || unable "no cgroup filesystem is mounted"
     local probe=gpuwarden-k8s-probe-$$
     ip netns add "$probe" 2>/dev/null || unable "network namespaces cannot be made (ip netns add)"
     ip netns delete "$probe"
     # The kubelet's device-plugins directory is fixed in its code, and
-    # teardown kills whatever is left in kubepods cgroups: a kubelet of the
-    # host's own rules a cluster out.
+    # teardown kills whatever is left in kubepods (and $CGROUP_ROOT2)
+    # cgroups: a kubelet of the host's own rules a cluster out.
     [ ! -S "$DEVICE_PLUGINS/kubelet.sock" ] || unable "$DEVICE_PLUGINS/kubelet.sock exists: a kubelet runs on this host"
-    [ -z "$(cgroup_dirs)" ] || unable "kubepods cgroups exist: another kubelet's pods run on this host"
+    [ -z "$(cgroup_dirs)" ] || unable "kubepods or $CGROUP_ROOT2 cgroups exist: another kubelet's pods run on this host"
 }
 
 # run CMD...: one cluster for CMD, run inside the namespace with
@@ -464,7 +579,7 @@ run() {
     local t0=$SECONDS status=0
     log "cluster state in $S"
     up
-    log "node $NODE Ready after $((SECONDS - t0))s"
+    log "nodes $NODE and $NODE2 Ready after $((SECONDS - t0))s"
     KUBECONFIG=$S/admin.kubeconfig \
         GPUWARDEN_K8S_STATE=$S \
         GPUWARDEN_K8S_NODE=$NODE \
@@ -474,6 +589,12 @@ run() {
         GPUWARDEN_K8S_CONTAINERD=$S/containerd/containerd.sock \
         GPUWARDEN_K8S_CTR=$CTRD_CACHE/bin/ctr \
         GPUWARDEN_K8S_CDI_DIR=$S/cdi \
+        GPUWARDEN_K8S_NODE2=$NODE2 \
+        GPUWARDEN_K8S_NODE2_CONTAINERD=$S/node2/containerd/containerd.sock \
+        GPUWARDEN_K8S_NODE2_CDI_DIR=$S/node2/cdi \
+        GPUWARDEN_K8S_NODE2_KUBELET_DIR=$S/node2/kubelet \
+        GPUWARDEN_K8S_NODE2_POD_RESOURCES_SOCKET=$S/node2/kubelet/pod-resources/kubelet.sock \
+        GPUWARDEN_K8S_NODE2_DEVICE_PLUGINS=$S/node2/device-plugins \
         setsid nsenter --net="/run/netns/$NS" "$@" <&0 9>&- &
     # In the background, so that a signal to this script ends the wait at
     # once; in a process group of its own (setsid), so that teardown stops

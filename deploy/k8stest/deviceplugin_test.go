@@ -131,8 +131,14 @@ func (c *cluster) pod(t *testing.T, name string, res corev1.ResourceName, n int6
 			}},
 		},
 	}
-	ctx := context.Background()
-	p, err := c.Client.CoreV1().Pods(c.namespace).Create(ctx, p, metav1.CreateOptions{})
+	return c.create(t, p)
+}
+
+// create creates pod p, deleted at once when the test ends.
+func (c *cluster) create(t *testing.T, p *corev1.Pod) *corev1.Pod {
+	t.Helper()
+	name := p.Name
+	p, err := c.Client.CoreV1().Pods(c.namespace).Create(context.Background(), p, metav1.CreateOptions{})
 	if err != nil {
 		t.Fatalf("create pod %s: %v", name, err)
 	}

@@ -184,8 +184,10 @@ func (im *image) layer() ([]byte, error) {
 }
 
 // importImage builds the test's one image from the repository's bin/ and
-// imports it with ctr into the cluster's containerd (at the socket
-// containerd): gpuwarden as the entrypoint, the interposer where the
+// imports it with ctr into the cluster's containerd at the socket
+// containerd, and into node 2's (GPUWARDEN_K8S_NODE2_CONTAINERD, where
+// cluster.sh set it), so that the chart's pods can run on either node:
+// gpuwarden as the entrypoint, the interposer where the
 // chart's init container copies it from, simgpu's libraries and workload,
 // busybox for the init container's and the workloads' shells, unshare for
 // the workloads' cgroup namespace.
@@ -195,9 +197,12 @@ func importImage(repo, name, ctr, containerd, dir string) error {
 	im.add(filepath.Join(bin, "gpuwarden"), "/usr/local/bin/gpuwarden", true)
 	im.add(filepath.Join(bin, "libgpuwarden.so"), "/usr/local/gpuwarden/lib/libgpuwarden.so", true)
 	// The remote part's files, where the chart's defaults look for them: the
-	// worker beside the binary, the client library at remote.libraryImagePath.
-	// Their libraries are libc's, which the interposer already brings.
+	// worker and the interposer preloaded into it (remote.interposer's
+	// default) beside the binary, the client library at
+	// remote.libraryImagePath. Their libraries are libc's, which the
+	// interposer already brings.
 	im.add(filepath.Join(bin, "gpuwarden-worker"), "/usr/local/bin/gpuwarden-worker", false)
+	im.links["/usr/local/bin/libgpuwarden.so"] = "../gpuwarden/lib/libgpuwarden.so"
 	im.add(filepath.Join(bin, "remote", "libgpuwarden-remote.so"), "/usr/local/gpuwarden/remote/libgpuwarden-remote.so", false)
 	im.links["/usr/local/gpuwarden/remote/libcuda.so.1"] = "libgpuwarden-remote.so"
 	im.links["/usr/local/gpuwarden/remote/libnvidia-ml.so.1"] = "libgpuwarden-remote.so"
@@ -220,13 +225,28 @@ func importImage(repo, name, ctr, containerd, dir string) error {
 	if err := im.addLibraries(); err != nil {
 		return err
 	}
+	// simgpu's libcuda.so.1 where a GPU node's container runtime puts the
+	// driver's, beside libc: the remote sessions' worker (no rpath) loads it
+	// by name. The workloads find it through their rpath, and remote
+	// clients' LD_LIBRARY_PATH comes first.
+	for dst := range im.files {
+		if path.Base(dst) == "libc.so.6" {
+			im.links[path.Join(path.Dir(dst), "libcuda.so.1")] = "/usr/local/simgpu/libcuda.so.1"
+		}
+	}
 	file := filepath.Join(dir, "gpuwarden-image.tar")
 	if err := im.write(name, file); err != nil {
 		return err
 	}
-	out, err := exec.Command(ctr, "--address", containerd, "-n", "k8s.io", "images", "import", file).CombinedOutput()
-	if err != nil {
-		return fmt.Errorf("ctr images import: %w: %s", err, out)
+	sockets := []string{containerd}
+	if node2 := os.Getenv("GPUWARDEN_K8S_NODE2_CONTAINERD"); node2 != "" && node2 != containerd {
+		sockets = append(sockets, node2)
+	}
+	for _, sock := range sockets {
+		out, err := exec.Command(ctr, "--address", sock, "-n", "k8s.io", "images", "import", file).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("ctr images import (%s): %w: %s", sock, err, out)
+		}
 	}
 	return nil
 }

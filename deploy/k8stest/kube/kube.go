@@ -30,10 +30,25 @@ type Cluster struct {
 	Node          string
 	DevicePlugins string // the kubelet's device-plugins directory
 	PodResources  string // the kubelet's pod-resources socket
+	// Node2 is the cluster's second node, without GPUs: the client side of
+	// remote GPUs. It is labelled and tainted gpuwarden.io/remote-client=true
+	// (NoSchedule), so only pods that tolerate the taint run there.
+	Node2 Node2
 
 	Config  *rest.Config
 	Client  *kubernetes.Clientset
 	Dynamic *dynamic.DynamicClient
+}
+
+// Node2 is where the second node's kubelet and containerd keep what a
+// node's agent is given; every path is under the cluster's state directory.
+type Node2 struct {
+	Name          string
+	Containerd    string // its containerd's socket
+	CDI           string // the directory its containerd reads CDI specs from
+	KubeletDir    string // its kubelet's root directory: plugins_registry, plugins/
+	PodResources  string // its kubelet's pod-resources socket
+	DevicePlugins string // its kubelet's device-plugins directory, as the host sees it
 }
 
 // Need skips unless the test runs inside `cluster.sh run` (make k8s-test):
@@ -44,7 +59,11 @@ func Need(t *testing.T) *Cluster {
 		Kubectl: os.Getenv("GPUWARDEN_K8S_KUBECTL"), Containerd: os.Getenv("GPUWARDEN_K8S_CONTAINERD"),
 		Ctr: os.Getenv("GPUWARDEN_K8S_CTR"), CDI: os.Getenv("GPUWARDEN_K8S_CDI_DIR"),
 		Node: os.Getenv("GPUWARDEN_K8S_NODE"), DevicePlugins: os.Getenv("GPUWARDEN_K8S_DEVICE_PLUGINS"),
-		PodResources: os.Getenv("GPUWARDEN_K8S_POD_RESOURCES_SOCKET")}
+		PodResources: os.Getenv("GPUWARDEN_K8S_POD_RESOURCES_SOCKET"),
+		Node2: Node2{Name: os.Getenv("GPUWARDEN_K8S_NODE2"), Containerd: os.Getenv("GPUWARDEN_K8S_NODE2_CONTAINERD"),
+			CDI: os.Getenv("GPUWARDEN_K8S_NODE2_CDI_DIR"), KubeletDir: os.Getenv("GPUWARDEN_K8S_NODE2_KUBELET_DIR"),
+			PodResources:  os.Getenv("GPUWARDEN_K8S_NODE2_POD_RESOURCES_SOCKET"),
+			DevicePlugins: os.Getenv("GPUWARDEN_K8S_NODE2_DEVICE_PLUGINS")}}
 	if c.State == "" {
 		t.Skip("no cluster: run through `make k8s-test` (deploy/k8stest/cluster.sh run)")
 	}
