@@ -1,6 +1,14 @@
 package allocation
 
-import "github.com/gpuwarden/gpuwarden/enforcer/remote/session"
+import (
+	"encoding/json"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
+	"github.com/gpuwarden/gpuwarden/enforcer/vocab"
+)
 
 // Where a remote allocation's things appear inside its container; in its
 // control directory on the node they are session.GrantFile and
@@ -25,4 +33,39 @@ func RemoteEnv() map[string]string {
 		"GPUWARDEN_REMOTE": "unix:" + ContainerRemoteDir + "/" + session.RelaySocket,
 		"LD_LIBRARY_PATH":  ContainerRemoteLib,
 	}
+}
+
+// Remote writes g's remote grant in its control directory (the server that
+// holds its GPU, its memory, weight and priority: the pod never chooses
+// them) and says what its container gets (RemoteEdits). The relay must
+// serve the directory's socket before the container starts.
+func (n Node) Remote(g Grant, server, libDir string) (Edits, error) {
+	if _, err := os.Stat(filepath.Join(libDir, "libcuda.so.1")); err != nil {
+		return Edits{}, fmt.Errorf("remote client library: %w", err)
+	}
+	sg := session.Grant{Server: server, GPU: g.GPU.UUID, MemoryBytes: g.MemoryLimitBytes, Weight: max(g.Weight, 1)}
+	if g.HighPriority {
+		sg.Priority = vocab.PriorityHigh
+	}
+	b, err := json.Marshal(sg)
+	if err != nil {
+		return Edits{}, err
+	}
+	dir := filepath.Join(n.ControlDir, g.Dir)
+	if err := os.MkdirAll(filepath.Join(dir, session.RelayDir), 0o755); err != nil {
+		return Edits{}, fmt.Errorf("remote grant: %w", err)
+	}
+	if err := ReplaceFile(filepath.Join(dir, session.GrantFile), b, 0o644); err != nil {
+		return Edits{}, fmt.Errorf("remote grant: %w", err)
+	}
+	return n.RemoteEdits(g.Dir, libDir), nil
+}
+
+// RemoteEdits is what the container of remote allocation dir gets: the
+// relay's directory and the client library, read-only, and RemoteEnv.
+func (n Node) RemoteEdits(dir, libDir string) Edits {
+	return Edits{Env: RemoteEnv(), Mounts: []Mount{
+		{ContainerPath: ContainerRemoteDir, HostPath: filepath.Join(n.ControlDir, dir, session.RelayDir), ReadOnly: true},
+		{ContainerPath: ContainerRemoteLib, HostPath: libDir, ReadOnly: true},
+	}}
 }

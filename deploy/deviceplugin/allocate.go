@@ -1,15 +1,11 @@
 package deviceplugin
 
 import (
-	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 
 	pluginapi "k8s.io/kubelet/pkg/apis/deviceplugin/v1beta1"
 
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
-	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
 )
 
 // allocate decides one container's grant, writes its control block and
@@ -31,6 +27,13 @@ func (p *Plugin) allocate(kind allocation.Kind, ids []string) (*pluginapi.Contai
 	if err != nil {
 		return nil, err
 	}
+	p.log.Info("allocated", "resource", kind.Resource(), "gpu", g.GPU.UUID, "count", g.Count,
+		"memoryLimit", g.MemoryLimitBytes, "dir", g.Dir)
+	return containerResponse(e), nil
+}
+
+// containerResponse is Edits as the kubelet's Allocate answer has them.
+func containerResponse(e allocation.Edits) *pluginapi.ContainerAllocateResponse {
 	resp := &pluginapi.ContainerAllocateResponse{Envs: e.Env}
 	for _, m := range e.Mounts {
 		resp.Mounts = append(resp.Mounts, &pluginapi.Mount{ContainerPath: m.ContainerPath, HostPath: m.HostPath, ReadOnly: m.ReadOnly})
@@ -38,9 +41,7 @@ func (p *Plugin) allocate(kind allocation.Kind, ids []string) (*pluginapi.Contai
 	for _, d := range e.Devices {
 		resp.Devices = append(resp.Devices, &pluginapi.DeviceSpec{ContainerPath: d.ContainerPath, HostPath: d.HostPath, Permissions: "rw"})
 	}
-	p.log.Info("allocated", "resource", kind.Resource(), "gpu", g.GPU.UUID, "count", g.Count,
-		"memoryLimit", g.MemoryLimitBytes, "dir", g.Dir)
-	return resp, nil
+	return resp
 }
 
 // allocateRemote writes a remote grant in the allocation's control
@@ -51,32 +52,18 @@ func (p *Plugin) allocateRemote(g allocation.Grant) (*pluginapi.ContainerAllocat
 	if !ok {
 		return nil, fmt.Errorf("GPU %s: no server answers for it", g.GPU.UUID)
 	}
-	if _, err := os.Stat(filepath.Join(p.cfg.Remote.LibDir, "libcuda.so.1")); err != nil {
-		return nil, fmt.Errorf("remote client library: %w", err)
-	}
-	b, _ := json.Marshal(session.Grant{Server: server, GPU: g.GPU.UUID, MemoryBytes: g.MemoryLimitBytes, Weight: g.Weight})
-	dir := filepath.Join(p.cfg.ControlDir, g.Dir)
 	p.dirs.Lock()
-	err := os.MkdirAll(filepath.Join(dir, session.RelayDir), 0o755)
-	if err == nil {
-		err = allocation.ReplaceFile(filepath.Join(dir, session.GrantFile), b, 0o644)
-	}
+	e, err := p.node().Remote(g, server, p.cfg.Remote.LibDir)
 	p.dirs.Unlock()
 	if err != nil {
-		return nil, fmt.Errorf("remote grant: %w", err)
+		return nil, err
 	}
 	if err := p.cfg.Remote.Relay(g.Dir); err != nil {
 		return nil, fmt.Errorf("relay: %w", err)
 	}
 	p.log.Info("allocated", "resource", allocation.ResourceRemote, "server", server, "gpu", g.GPU.UUID, "count", g.Count,
 		"memoryLimit", g.MemoryLimitBytes, "dir", g.Dir)
-	return &pluginapi.ContainerAllocateResponse{
-		Envs: allocation.RemoteEnv(),
-		Mounts: []*pluginapi.Mount{
-			{ContainerPath: allocation.ContainerRemoteDir, HostPath: filepath.Join(dir, session.RelayDir), ReadOnly: true},
-			{ContainerPath: allocation.ContainerRemoteLib, HostPath: p.cfg.Remote.LibDir, ReadOnly: true},
-		},
-	}, nil
+	return containerResponse(e), nil
 }
 
 // node is where this node keeps what a local grant needs.

@@ -34,12 +34,31 @@ type ResourceSlice struct {
 	Spec       SliceSpec  `json:"spec"`
 }
 
-// SliceSpec is a ResourceSlice's spec.
+// SliceSpec is a ResourceSlice's spec: its devices are the node's
+// (NodeName), or those of every node NodeSelector selects (a remote pool).
 type SliceSpec struct {
-	Driver   string   `json:"driver"`
-	Pool     Pool     `json:"pool"`
-	NodeName string   `json:"nodeName,omitempty"`
-	Devices  []Device `json:"devices"`
+	Driver       string        `json:"driver"`
+	Pool         Pool          `json:"pool"`
+	NodeName     string        `json:"nodeName,omitempty"`
+	NodeSelector *NodeSelector `json:"nodeSelector,omitempty"`
+	Devices      []Device      `json:"devices"`
+}
+
+// NodeSelector selects nodes by label; a slice's has exactly one term.
+type NodeSelector struct {
+	Terms []NodeSelectorTerm `json:"nodeSelectorTerms"`
+}
+
+// NodeSelectorTerm is requirements that must all hold.
+type NodeSelectorTerm struct {
+	MatchExpressions []LabelRequirement `json:"matchExpressions,omitempty"`
+}
+
+// LabelRequirement is one requirement on a node's label.
+type LabelRequirement struct {
+	Key      string   `json:"key"`
+	Operator string   `json:"operator"`
+	Values   []string `json:"values,omitempty"`
 }
 
 // Pool names the pool a slice is of; Generation moves with each change.

@@ -52,6 +52,8 @@ type Config struct {
 	// directory as `gpuwarden ctl` would (nil: remove them), so the
 	// enforcer holds the container to them whatever its environment says.
 	SetCompute func(dir string, st *scheduler.Settings) error
+	// Remote, when set, makes the node one of a remote pool's.
+	Remote *Remote
 	// Ready reports the driver's state: nil once the API server holds the
 	// node's slice as published, else why not (a cluster without consumable
 	// capacity names the gate).
@@ -88,6 +90,14 @@ func New(cfg Config, devices func() ([]nvmldev.Device, error), log *slog.Logger)
 	if cfg.HealthInterval <= 0 {
 		errs = append(errs, fmt.Errorf("health interval %v: want a positive duration", cfg.HealthInterval))
 	}
+	if r := cfg.Remote; r != nil {
+		if err := CheckPoolName(r.Pool); err != nil {
+			errs = append(errs, err)
+		}
+		if r.Relay != nil && !filepath.IsAbs(r.LibDir) {
+			errs = append(errs, fmt.Errorf("remote.libraryDir %q: want an absolute path", r.LibDir))
+		}
+	}
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("DRA driver: %w", err)
 	}
@@ -119,7 +129,7 @@ func (d *Driver) Run(ctx context.Context, api *kubeapi.Client) error {
 		return fmt.Errorf("DRA driver: %w", err)
 	}
 	defer k.stop()
-	pub := &publisher{api: api, node: d.cfg.NodeName}
+	pub := &publisher{api: api, node: d.cfg.NodeName, offer: d.offer()}
 	health := time.NewTicker(d.cfg.HealthInterval)
 	defer health.Stop()
 	retry := time.NewTicker(retryInterval)
@@ -202,6 +212,7 @@ type claimGrant struct {
 	result   Result
 	grant    allocation.Grant
 	settings scheduler.Settings
+	server   string // where a remote device's sessions are served; "": a local GPU
 }
 
 // Prepared is one device of a prepared claim, as the kubelet is told of it.
@@ -214,8 +225,8 @@ type Prepared struct {
 // Prepare prepares one claim: its control directory, its saved settings
 // and its CDI spec. A claim that cannot be prepared fails with a reason
 // the kubelet shows in the pod's events, and nothing of it is written.
-func (d *Driver) Prepare(c *ResourceClaim) ([]Prepared, error) {
-	grants, err := d.decide(c)
+func (d *Driver) Prepare(ctx context.Context, c *ResourceClaim) ([]Prepared, error) {
+	grants, err := d.decide(ctx, c)
 	if err != nil {
 		return nil, err
 	}
@@ -226,7 +237,11 @@ func (d *Driver) Prepare(c *ResourceClaim) ([]Prepared, error) {
 	for _, g := range grants {
 		name := g.grant.Dir
 		var e allocation.Edits
-		if _, err := os.Stat(filepath.Join(d.cfg.Node.ControlDir, name, "limits")); err == nil {
+		if g.server != "" {
+			if e, err = d.prepareRemote(g); err != nil {
+				return nil, err
+			}
+		} else if _, err := os.Stat(filepath.Join(d.cfg.Node.ControlDir, name, "limits")); err == nil {
 			// Prepared before (the kubelet asks again after its restart):
 			// the running container keeps the files it maps, and the
 			// settings `gpuwarden ctl` may have changed since stay.
@@ -245,7 +260,7 @@ func (d *Driver) Prepare(c *ResourceClaim) ([]Prepared, error) {
 		out = append(out, Prepared{Request: g.result.Request, Pool: g.result.Pool, Device: g.result.Device,
 			CDIDevice: cdiKind + "=" + name, ShareID: g.result.ShareID})
 		d.log.Info("claim prepared", "claim", c.Metadata.Namespace+"/"+c.Metadata.Name, "uid", c.Metadata.UID,
-			"gpu", g.grant.GPU.UUID, "memoryLimit", g.grant.MemoryLimitBytes, "weight", g.settings.Weight,
+			"gpu", g.grant.GPU.UUID, "server", g.server, "memoryLimit", g.grant.MemoryLimitBytes, "weight", g.settings.Weight,
 			"computeLimit", g.settings.CapPercent, "high", g.settings.High, "dir", name)
 	}
 	if err := writeSpec(d.cfg.CDIDir, c.Metadata.UID, specs); err != nil {
@@ -255,7 +270,7 @@ func (d *Driver) Prepare(c *ResourceClaim) ([]Prepared, error) {
 }
 
 // decide turns a claim's allocation into grants, writing nothing.
-func (d *Driver) decide(c *ResourceClaim) ([]claimGrant, error) {
+func (d *Driver) decide(ctx context.Context, c *ResourceClaim) ([]claimGrant, error) {
 	if err := validUID(c.Metadata.UID); err != nil {
 		return nil, err
 	}
@@ -274,12 +289,9 @@ func (d *Driver) decide(c *ResourceClaim) ([]claimGrant, error) {
 		if r.AdminAccess != nil && *r.AdminAccess {
 			return nil, fmt.Errorf("request %s: admin access is not offered (it would bypass the device's capacity)", r.Request)
 		}
-		if r.Pool != d.cfg.NodeName {
-			return nil, fmt.Errorf("device %s/%s: not of this node's pool %s", r.Pool, r.Device, d.cfg.NodeName)
-		}
-		g, ok := d.gpu(r.Device)
-		if !ok {
-			return nil, fmt.Errorf("device %s: no such GPU on this node now", r.Device)
+		g, server, err := d.device(ctx, r)
+		if err != nil {
+			return nil, err
 		}
 		mem, okMem := r.ConsumedCapacity[CapacityMemory]
 		comp, okComp := r.ConsumedCapacity[CapacityCompute]
@@ -301,12 +313,15 @@ func (d *Driver) decide(c *ResourceClaim) ([]claimGrant, error) {
 			st.Weight = *cfg.Weight
 		}
 		if cfg.ComputeLimit != nil {
+			if server != "" {
+				return nil, fmt.Errorf("device %s/%s: computeLimit is not offered on a remote GPU (its server holds a session to its weight and memory)", r.Pool, r.Device)
+			}
 			st.CapPercent = *cfg.ComputeLimit
 		}
 		if cfg.Priority != nil {
 			st.High, _ = vocab.ParsePriority(*cfg.Priority)
 		}
-		out = append(out, claimGrant{result: r, settings: st, grant: allocation.Grant{GPU: g.GPU, Kind: allocation.Slot, Count: 1,
+		out = append(out, claimGrant{result: r, settings: st, server: server, grant: allocation.Grant{GPU: g.GPU, Kind: allocation.Slot, Count: 1,
 			MemoryLimitBytes: uint64(memBytes), Weight: uint32(st.Weight), CapPercent: uint32(st.CapPercent),
 			HighPriority: st.High, Dir: allocation.ClaimDirName(c.Metadata.UID, r.Device)}})
 	}
@@ -314,6 +329,19 @@ func (d *Driver) decide(c *ResourceClaim) ([]claimGrant, error) {
 		return nil, fmt.Errorf("no device of %s allocated", DriverName)
 	}
 	return out, nil
+}
+
+// device is the GPU a result names: one of the node's, or another node's
+// offered to the node's remote pool (with the server that holds it).
+func (d *Driver) device(ctx context.Context, r Result) (GPU, string, error) {
+	if r.Pool != d.cfg.NodeName {
+		return d.remoteGPU(ctx, r.Pool, r.Device)
+	}
+	g, ok := d.gpu(r.Device)
+	if !ok {
+		return GPU{}, "", fmt.Errorf("device %s: no such GPU on this node now", r.Device)
+	}
+	return g, "", nil
 }
 
 // computeWeight is the weight a claim's compute capacity gives when its
@@ -368,6 +396,7 @@ func (d *Driver) unprepare(uid string) error {
 		if !e.IsDir() || !strings.HasPrefix(e.Name(), prefix) || !allocation.IsClaimDirName(e.Name()) {
 			continue
 		}
+		errs = append(errs, d.releaseRemote(e.Name()))
 		if d.cfg.SetCompute != nil {
 			errs = append(errs, d.cfg.SetCompute(e.Name(), nil))
 		}

@@ -89,7 +89,7 @@ func claim(uid string, device string, memGiB, compute int64, configs ...string) 
 
 func TestPrepareWritesWhatTheDevicePluginGives(t *testing.T) {
 	r := newRig(t)
-	devs, err := r.d.Prepare(claim(uidA, "gpu-1", 6, 50, `{"apiVersion": "`+share+`", "kind": "ShareConfig", "priority": "high", "computeLimit": 80}`))
+	devs, err := r.d.Prepare(context.Background(), claim(uidA, "gpu-1", 6, 50, `{"apiVersion": "`+share+`", "kind": "ShareConfig", "priority": "high", "computeLimit": 80}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -144,7 +144,7 @@ func TestPrepareWritesWhatTheDevicePluginGives(t *testing.T) {
 
 	// Asked again (a kubelet restart): the container's files stay the same inodes.
 	before, _ := os.Stat(filepath.Join(r.control, dirName, "usage"))
-	if _, err := r.d.Prepare(claim(uidA, "gpu-1", 6, 50)); err != nil {
+	if _, err := r.d.Prepare(context.Background(), claim(uidA, "gpu-1", 6, 50)); err != nil {
 		t.Fatal(err)
 	}
 	after, _ := os.Stat(filepath.Join(r.control, dirName, "usage"))
@@ -171,7 +171,7 @@ func TestPrepareWritesWhatTheDevicePluginGives(t *testing.T) {
 func TestDefaultsAreOneSlot(t *testing.T) {
 	r := newRig(t)
 	g, _ := r.d.gpu("gpu-0")
-	dev := DeviceOf(g)
+	dev := DeviceOf(g, "")
 	mem, comp := dev.Capacity[CapacityMemory], dev.Capacity[CapacityCompute]
 	if mem.Value != Quantity(15*gib) || *mem.RequestPolicy.Default != Quantity(15*gib/4) {
 		t.Errorf("memory capacity %d, default %d: want 15Gi, a quarter", mem.Value, *mem.RequestPolicy.Default)
@@ -182,7 +182,7 @@ func TestDefaultsAreOneSlot(t *testing.T) {
 	if dev.AllowMultipleAllocations == nil || !*dev.AllowMultipleAllocations || *dev.Attributes["uuid"].String != "GPU-aaaa" {
 		t.Errorf("device %+v", dev)
 	}
-	if _, err := r.d.Prepare(claim(uidA, "gpu-0", 15/4, 25)); err != nil {
+	if _, err := r.d.Prepare(context.Background(), claim(uidA, "gpu-0", 15/4, 25)); err != nil {
 		t.Fatal(err)
 	}
 	if st := r.settings[allocation.ClaimDirName(uidA, "gpu-0")]; st == nil || st.Weight != 1 {
@@ -192,7 +192,7 @@ func TestDefaultsAreOneSlot(t *testing.T) {
 	r.d.cfg.MaxInstOf = func(uuid string) int { return map[string]int{"GPU-bbbb": 2}[uuid] }
 	r.d.refresh()
 	g1, _ := r.d.gpu("gpu-1")
-	if dev := DeviceOf(g1); *dev.Capacity[CapacityCompute].RequestPolicy.Default != 50 || *dev.Attributes["maxInst"].Int != 2 {
+	if dev := DeviceOf(g1, ""); *dev.Capacity[CapacityCompute].RequestPolicy.Default != 50 || *dev.Attributes["maxInst"].Int != 2 {
 		t.Errorf("GPU 1 with max_inst 2: %+v", dev)
 	}
 	if g0, _ := r.d.gpu("gpu-0"); g0.MaxInst != 4 {
@@ -237,21 +237,24 @@ func TestRefusedClaimsWriteNothing(t *testing.T) {
 		}(), "more than one GPU"},
 	}
 	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			r := newRig(t)
-			_, err := r.d.Prepare(tc.c)
-			if err == nil || !strings.Contains(err.Error(), tc.why) {
-				t.Fatalf("error %v, want one saying %q", err, tc.why)
-			}
-			for _, d := range []string{r.control, r.cdi} {
-				if entries, _ := os.ReadDir(d); len(entries) > 0 {
-					t.Errorf("%s holds %d entries after a refusal", d, len(entries))
-				}
-			}
-			if len(r.settings) != 0 {
-				t.Errorf("settings written: %v", r.settings)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { newRig(t).refused(t, tc.c, tc.why) })
+	}
+}
+
+// refused checks that preparing c fails saying why, and writes nothing.
+func (r *rig) refused(t *testing.T, c *ResourceClaim, why string) {
+	t.Helper()
+	_, err := r.d.Prepare(context.Background(), c)
+	if err == nil || !strings.Contains(err.Error(), why) {
+		t.Fatalf("error %v, want one saying %q", err, why)
+	}
+	for _, d := range []string{r.control, r.cdi} {
+		if entries, _ := os.ReadDir(d); len(entries) > 0 {
+			t.Errorf("%s holds %d entries after a refusal", d, len(entries))
+		}
+	}
+	if len(r.settings) != 0 {
+		t.Errorf("settings written: %v", r.settings)
 	}
 }
 
@@ -263,6 +266,7 @@ func TestRefusedClaimsWriteNothing(t *testing.T) {
 type sliceServer struct {
 	mu         sync.Mutex
 	slices     map[string]ResourceSlice
+	nodeLabels map[string]string
 	dropShared bool
 	version    int
 }
@@ -279,15 +283,18 @@ func (f *sliceServer) start(t *testing.T) *kubeapi.Client {
 		name, named := strings.CutPrefix(r.URL.Path, resourceAPI+"/resourceslices/")
 		switch {
 		case r.Method == http.MethodGet && r.URL.Path == "/api/v1/nodes/"+node:
-			_ = json.NewEncoder(w).Encode(map[string]any{"metadata": map[string]any{"name": node, "uid": "node-uid"}})
+			_ = json.NewEncoder(w).Encode(map[string]any{"metadata": map[string]any{"name": node, "uid": "node-uid", "labels": f.nodeLabels}})
 		case r.Method == http.MethodGet && r.URL.Path == resourceAPI+"/resourceslices":
-			if r.URL.Query().Get("fieldSelector") != "spec.driver="+DriverName+",spec.nodeName="+node {
+			pool, ok := strings.CutPrefix(r.URL.Query().Get("fieldSelector"), "spec.driver="+DriverName+",spec.pool.name=")
+			if !ok {
 				http.Error(w, "field selector", http.StatusBadRequest)
 				return
 			}
 			items := []ResourceSlice{}
 			for _, s := range f.slices {
-				items = append(items, s)
+				if s.Spec.Pool.Name == pool {
+					items = append(items, s)
+				}
 			}
 			_ = json.NewEncoder(w).Encode(map[string]any{"items": items})
 		case (r.Method == http.MethodPost && r.URL.Path == resourceAPI+"/resourceslices") || (r.Method == http.MethodPut && named):
@@ -340,7 +347,7 @@ func (f *sliceServer) start(t *testing.T) *kubeapi.Client {
 
 func TestPublish(t *testing.T) {
 	r := newRig(t)
-	stale := sliceOf(node, "node-uid", nil, 0)
+	stale := sliceOf(node, "node-uid", nil, 0, Offer{})
 	stale.Metadata.Name = "left-by-an-older-agent"
 	f := &sliceServer{slices: map[string]ResourceSlice{stale.Metadata.Name: stale}}
 	p := &publisher{api: f.start(t), node: node}

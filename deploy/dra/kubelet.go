@@ -153,7 +153,7 @@ func (s *draService) prepareOne(ctx context.Context, c *drapb.Claim) ([]Prepared
 	if claim.Metadata.UID != c.Uid {
 		return nil, fmt.Errorf("claim %s/%s was replaced: UID %s, the kubelet asks for %s", c.Namespace, c.Name, claim.Metadata.UID, c.Uid)
 	}
-	return s.k.d.Prepare(&claim)
+	return s.k.d.Prepare(ctx, &claim)
 }
 
 // NodeUnprepareResources removes what prepare wrote for each claim; the

@@ -1,15 +1,16 @@
 // Package remotepool is the remote GPU servers a node without GPUs offers
 // its pods: which GPUs they have and whether they answer, asked of each
 // server's agent, and which server holds each GPU. The device plugin turns
-// its answer into gpuwarden.io/remote-gpu devices; a DRA driver would
-// publish the same devices (Devices is the one place answers become
-// devices).
+// its answer into gpuwarden.io/remote-gpu devices (Devices is the one
+// place answers become devices). A DRA remote pool learns its servers from
+// the servers' own slices instead, and dials them through Dialers.
 package remotepool
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sort"
 	"sync"
 	"time"
@@ -142,4 +143,38 @@ func (p *Pool) Server(uuid string) (string, bool) {
 func (p *Pool) Dialer(server string) (*client.Dialer, bool) {
 	d, ok := p.dialers[server]
 	return d, ok
+}
+
+// Dialers dials the servers a DRA remote pool's slices name: any server
+// whose certificate the CA vouches for, each with a dialer of its own made
+// at its first use.
+type Dialers struct {
+	files   pki.Files
+	timeout time.Duration
+	log     *slog.Logger
+
+	mu      sync.Mutex
+	dialers map[string]*client.Dialer
+}
+
+// NewDialers dials with this node's credentials.
+func NewDialers(f pki.Files, timeout time.Duration, log *slog.Logger) *Dialers {
+	return &Dialers{files: f, timeout: timeout, log: log, dialers: map[string]*client.Dialer{}}
+}
+
+// Dialer is server's dialer; false when one cannot be made (the reason is
+// logged: a bad address or unreadable credentials).
+func (d *Dialers) Dialer(server string) (*client.Dialer, bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if dl, ok := d.dialers[server]; ok {
+		return dl, true
+	}
+	dl, err := client.NewDialer(server, d.files, d.timeout)
+	if err != nil {
+		d.log.Warn("remote server cannot be dialled", "server", server, "err", err)
+		return nil, false
+	}
+	d.dialers[server] = dl
+	return dl, true
 }

@@ -816,3 +816,52 @@ func TestRemoteClientsInOneRelease(t *testing.T) {
 		t.Errorf("remoteClients without servers: %v", err)
 	}
 }
+
+// A DRA remote pool in one release: the GPU nodes serve sessions and offer
+// their GPUs to the pool, the nodes without GPUs run the DRA driver (no
+// device plugin, no server list) with the client library installed; both
+// DeviceClasses exist and both configurations pass the agent's own check.
+func TestDRARemotePool(t *testing.T) {
+	vals := map[string]any{
+		"config": map[string]any{"remote": map[string]any{"enabled": true},
+			"dra": map[string]any{"enabled": true, "remotePool": "rack-1"}, "devicePlugin": map[string]any{"enabled": false}},
+		"remote":        map[string]any{"secretName": "gpuwarden-remote"},
+		"remoteClients": map[string]any{"enabled": true},
+	}
+	m, _, err := render(t, vals)
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := decode(t, m)
+	classes := map[string]string{}
+	for _, dc := range o.DeviceClasses {
+		classes[dc.Name] = dc.Spec.Selectors[0].CEL.Expression
+	}
+	if len(classes) != 2 || classes["remote.gpu.gpuwarden.io"] != `device.driver == "gpu.gpuwarden.io" && "server" in device.attributes["gpu.gpuwarden.io"]` {
+		t.Errorf("device classes %v", classes)
+	}
+	configs := map[string]map[string]any{}
+	for _, cm := range o.ConfigMaps {
+		var cfg map[string]any
+		if err := yaml.Unmarshal([]byte(cm.Data["config.yaml"]), &cfg); err != nil {
+			t.Fatal(err)
+		}
+		configs[cm.Name] = cfg
+		checkConfig(t, cm.Data["config.yaml"])
+	}
+	client := configs[release+"-remote-client"]
+	if get(client, "dra", "enabled") != true || get(client, "dra", "remotePool") != "rack-1" ||
+		get(client, "devicePlugin", "enabled") != false || get(client, "remote", "enabled") != false {
+		t.Errorf("clients' config: %v", client)
+	}
+	for _, ds := range o.DaemonSets {
+		var creds, library bool
+		for _, vm := range ds.Spec.Template.Spec.Containers[0].VolumeMounts {
+			creds = creds || vm.Name == "remote-credentials"
+			library = library || vm.Name == "remote-library"
+		}
+		if !creds || !library {
+			t.Errorf("%s: credentials %v, client library %v; want both on every node of the pool", ds.Name, creds, library)
+		}
+	}
+}

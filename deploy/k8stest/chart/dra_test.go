@@ -34,6 +34,7 @@ type draNode struct {
 	*cluster
 	base   string // everything of the release's
 	cdiDir string // containerd's CDI spec directory
+	class  string // the DeviceClass its claims name; "": the driver's
 }
 
 func (d draNode) control() string { return filepath.Join(d.base, "control") }
@@ -306,8 +307,17 @@ func TestDRAOnRealNode(t *testing.T) {
 }
 
 // readmeClaimTemplate is the ResourceClaimTemplate in the README's yaml
-// block, decoded strictly.
+// blocks, decoded strictly.
 func readmeClaimTemplate(t *testing.T, readme string) *resourceapi.ResourceClaimTemplate {
+	t.Helper()
+	var tmpl resourceapi.ResourceClaimTemplate
+	readmeObject(t, readme, "ResourceClaimTemplate", &tmpl)
+	return &tmpl
+}
+
+// readmeObject decodes strictly into out the first of the README's yaml
+// blocks that is of kind.
+func readmeObject(t *testing.T, readme, kind string, out any) {
 	t.Helper()
 	b, err := os.ReadFile(readme)
 	if err != nil {
@@ -315,17 +325,15 @@ func readmeClaimTemplate(t *testing.T, readme string) *resourceapi.ResourceClaim
 	}
 	for _, block := range strings.Split(string(b), "```yaml\n")[1:] {
 		block, _, _ = strings.Cut(block, "```")
-		if !strings.Contains(block, "kind: ResourceClaimTemplate") {
+		if !strings.Contains(block, "\nkind: "+kind+"\n") {
 			continue
 		}
-		var tmpl resourceapi.ResourceClaimTemplate
-		if err := yaml.UnmarshalStrict([]byte(block), &tmpl); err != nil {
-			t.Fatalf("the README's ResourceClaimTemplate: %v\n%s", err, block)
+		if err := yaml.UnmarshalStrict([]byte(block), out); err != nil {
+			t.Fatalf("the README's %s: %v\n%s", kind, err, block)
 		}
-		return &tmpl
+		return
 	}
-	t.Fatalf("%s shows no ResourceClaimTemplate", readme)
-	return nil
+	t.Fatalf("%s shows no %s", readme, kind)
 }
 
 // publishedDevices are the devices of the driver's slices for the node.
@@ -346,7 +354,11 @@ func (d draNode) publishedDevices(ctx context.Context) ([]resourceapi.Device, er
 // for memory and compute ("": the device's default) with an opaque config.
 func (d draNode) claim(t *testing.T, name, memory, compute, config string) {
 	t.Helper()
-	req := &resourceapi.ExactDeviceRequest{DeviceClassName: draDriver,
+	class := d.class
+	if class == "" {
+		class = draDriver
+	}
+	req := &resourceapi.ExactDeviceRequest{DeviceClassName: class,
 		Capacity: &resourceapi.CapacityRequirements{Requests: map[resourceapi.QualifiedName]resource.Quantity{}}}
 	if memory != "" {
 		req.Capacity.Requests["memory"] = resource.MustParse(memory)

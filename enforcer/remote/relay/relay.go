@@ -223,7 +223,7 @@ func (r *Relay) handle(dir string, c *net.UnixConn) {
 	}
 	link.Buffered(c)
 	l, w, err := d.Open(context.Background(), session.Request{MemoryBytes: g.MemoryBytes,
-		Weight: int(g.Weight), GPU: g.GPU, For: &who})
+		Weight: int(g.Weight), Priority: g.Priority, GPU: g.GPU, For: &who})
 	if err != nil {
 		log.Warn("remote relay: session refused", "server", g.Server, "err", err)
 		return

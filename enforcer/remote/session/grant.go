@@ -29,6 +29,7 @@ type Grant struct {
 	GPU         string `json:"gpu"`    // UUID
 	MemoryBytes uint64 `json:"memoryBytes"`
 	Weight      uint32 `json:"weight"`
+	Priority    string `json:"priority,omitempty"` // high or normal; "": normal
 }
 
 // ReadGrant reads a grant file; one that does not read back whole is an

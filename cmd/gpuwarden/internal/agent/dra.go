@@ -8,6 +8,9 @@ import (
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 	"github.com/gpuwarden/gpuwarden/deploy/deviceplugin"
 	"github.com/gpuwarden/gpuwarden/deploy/dra"
+	"github.com/gpuwarden/gpuwarden/deploy/remotepool"
+	"github.com/gpuwarden/gpuwarden/enforcer/nvmldev"
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/pki"
 	"github.com/gpuwarden/gpuwarden/enforcer/scheduler"
 	"github.com/gpuwarden/gpuwarden/enforcer/settings"
 )
@@ -24,11 +27,17 @@ func (a *Agent) startDRA(ctx context.Context, pods *podAnnotations) {
 }
 
 func (a *Agent) newDRA(pods *podAnnotations) (*dra.Driver, *kubeapi.Client, error) {
-	if a.nvml == nil {
-		return nil, nil, errors.New("needs NVML for the device list")
-	}
 	if pods == nil {
 		return nil, nil, errors.New("no API server client: set kubernetes.apiServer, or run in a pod (the kubernetes part says why, if it failed)")
+	}
+	var devices func() ([]nvmldev.Device, error)
+	switch {
+	case a.nvml != nil:
+		devices = a.nvml.Devices
+	case a.cfg.DRA.RemotePool != "":
+		devices = func() ([]nvmldev.Device, error) { return nil, nil } // a node without GPUs: its pool's are remote
+	default:
+		return nil, nil, errors.New("needs NVML for the device list (a node without GPUs takes remote ones with dra.remotePool)")
 	}
 	c, dp := a.cfg.DRA, a.cfg.DevicePlugin
 	d, err := dra.New(dra.Config{
@@ -37,9 +46,29 @@ func (a *Agent) newDRA(pods *podAnnotations) (*dra.Driver, *kubeapi.Client, erro
 			LdSoPreload: dp.Preload == deviceplugin.PreloadLdSoPreload},
 		MaxInst: dp.MaxInst, CDIDir: c.CDIDir, RegistrarDir: c.RegistrarDir, PluginDir: c.PluginDir,
 		HealthInterval: dp.HealthInterval, SetCompute: a.setClaimCompute, MaxInstOf: a.savedMaxInst,
-		Ready: func(err error) { a.parts.set("dra", true, err) },
-	}, a.nvml.Devices, a.log.With("part", "dra"))
+		Remote: a.draRemote(pods),
+		Ready:  func(err error) { a.parts.set("dra", true, err) },
+	}, devices, a.log.With("part", "dra"))
 	return d, pods.client, err
+}
+
+// draRemote is the DRA driver's part in the node's remote pool (nil:
+// none): a relay for claims of other nodes' GPUs, dialling the servers
+// their slices name with the node's certificate, and, where the node
+// serves sessions, the address its GPUs are offered at.
+func (a *Agent) draRemote(pods *podAnnotations) *dra.Remote {
+	pool := a.cfg.DRA.RemotePool
+	if pool == "" {
+		return nil
+	}
+	r := a.cfg.Remote
+	dialers := remotepool.NewDialers(pki.Files{Cert: r.Cert, Key: r.Key, CA: r.CA}, r.Timeout, a.log.With("part", "remoteRelay"))
+	rl := a.startRelay(pods, dialers.Dialer)
+	out := &dra.Remote{Pool: pool, LibDir: r.LibraryDir, Relay: rl.Listen, Release: rl.Release}
+	if r.Enabled {
+		out.Server = a.cfg.Advertised(nodeName(a.cfg))
+	}
+	return out
 }
 
 // savedMaxInst is a GPU's max_inst as `gpuwarden ctl gpu N --max-inst`

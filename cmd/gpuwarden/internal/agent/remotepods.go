@@ -8,8 +8,10 @@ import (
 	"github.com/gpuwarden/gpuwarden/collector/cgroups"
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
 	"github.com/gpuwarden/gpuwarden/deploy/deviceplugin"
+	"github.com/gpuwarden/gpuwarden/deploy/dra"
 	"github.com/gpuwarden/gpuwarden/deploy/remotepool"
 	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/client"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/pki"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/relay"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
@@ -26,13 +28,7 @@ func (a *Agent) startRemoteDevicePlugin(ctx context.Context, pods *podAnnotation
 		a.runDevicePlugin(ctx, nil, fmt.Errorf("remote GPU servers: %w", err))
 		return
 	}
-	rl := relay.New(relay.Config{ControlDir: a.cfg.ControlDir, ProcRoot: a.cfg.Paths.Proc, Dialer: pool.Dialer,
-		Identify: a.identifyRemotePod(pods), Log: a.log.With("part", "remoteRelay")})
-	a.closers = append(a.closers, rl.Close)
-	a.relay = rl
-	if err := rl.Restore(); err != nil {
-		a.log.Error("remote relay: earlier allocations not served again", "err", err)
-	}
+	rl := a.startRelay(pods, pool.Dialer)
 	dp, err := deviceplugin.New(deviceplugin.Config{
 		MaxInst: c.MaxInst, KubeletDir: c.KubeletDir, ControlDir: a.cfg.ControlDir,
 		InterposerPath: c.InterposerPath, DeviceRoot: c.DeviceRoot, Preload: c.Preload,
@@ -40,6 +36,20 @@ func (a *Agent) startRemoteDevicePlugin(ctx context.Context, pods *podAnnotation
 		Remote:         &deviceplugin.RemoteConfig{LibDir: r.LibraryDir, Server: pool.Server, Relay: rl.Listen},
 	}, pool.Devices, a.log.With("part", "devicePlugin"))
 	a.runDevicePlugin(ctx, dp, err)
+}
+
+// startRelay serves the sockets of the node's remote allocations (device
+// plugin slots and DRA claims alike), dialling their servers with dialer,
+// those a previous agent served first.
+func (a *Agent) startRelay(pods *podAnnotations, dialer func(server string) (*client.Dialer, bool)) *relay.Relay {
+	rl := relay.New(relay.Config{ControlDir: a.cfg.ControlDir, ProcRoot: a.cfg.Paths.Proc, Dialer: dialer,
+		Identify: a.identifyRemotePod(pods), Log: a.log.With("part", "remoteRelay")})
+	a.closers = append(a.closers, rl.Close)
+	a.relay = rl
+	if err := rl.Restore(); err != nil {
+		a.log.Error("remote relay: earlier allocations not served again", "err", err)
+	}
+	return rl
 }
 
 // identifyRemotePod names the container that holds allocation dir, as the
@@ -53,12 +63,12 @@ func (a *Agent) identifyRemotePod(pods *podAnnotations) func(context.Context, st
 		if a.pods == nil {
 			return session.Workload{}, errors.New("no kubelet pod-resources API: the allocation's pod is unknown")
 		}
-		as, err := a.pods.List(ctx, func(r string) bool { return r == allocation.ResourceRemote })
+		as, err := a.pods.List(ctx, func(r string) bool { return r == allocation.ResourceRemote || r == dra.DriverName })
 		if err != nil {
 			return session.Workload{}, err
 		}
 		for _, x := range as {
-			if allocation.DirName(x.DeviceIDs) != dir {
+			if allocation.DirOf(x.DeviceIDs) != dir {
 				continue
 			}
 			uid := pods.uid(ctx, a, x.Namespace, x.Pod)

@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/viper"
 
 	"github.com/gpuwarden/gpuwarden/deploy/allocation"
+	"github.com/gpuwarden/gpuwarden/deploy/dra"
 	"github.com/gpuwarden/gpuwarden/enforcer/onbreach"
 	"github.com/gpuwarden/gpuwarden/enforcer/policy"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/admission"
@@ -83,10 +84,12 @@ type Config struct {
 		CDIDir       string `mapstructure:"cdiDir"`
 		RegistrarDir string `mapstructure:"registrarDir"`
 		PluginDir    string `mapstructure:"pluginDir"`
+		RemotePool   string `mapstructure:"remotePool"`
 	} `mapstructure:"dra"`
 	Remote struct {
 		Enabled      bool          `mapstructure:"enabled"`
 		Listen       string        `mapstructure:"listen"`
+		Advertise    string        `mapstructure:"advertise"`
 		Cert         string        `mapstructure:"cert"`
 		Key          string        `mapstructure:"key"`
 		CA           string        `mapstructure:"ca"`
@@ -162,11 +165,13 @@ var options = []option{
 	{"dra.cdiDir", "/var/run/cdi", "", "where the container runtime reads CDI specs: one file per prepared claim"},
 	{"dra.registrarDir", "/var/lib/kubelet/plugins_registry", "", "the kubelet's plugin registration directory"},
 	{"dra.pluginDir", "/var/lib/kubelet/plugins/gpu.gpuwarden.io", "", "the driver's socket directory under the kubelet's plugins directory"},
+	{"dra.remotePool", "", "", "the remote pool this node is of: the value of its label gpu.gpuwarden.io/remote-pool, which every node of the pool carries. A node of the pool that serves remote sessions (remote.enabled) offers its GPUs to all of them, itself included, each GPU with the attribute server (remote.advertise), so local and remote claims of a GPU consume one device's capacities; a node of the pool prepares a claim of another node's GPU as a remote session relayed with its certificate (remote.cert, remote.key, remote.ca; remote.libraryDir). Empty: the node's GPUs are its own"},
 	{"kubernetes.apiServer", "", "", "the API server the agent reads pod annotations from (gpuwarden.io/weight, compute-limit, priority); empty: the in-cluster address, none off Kubernetes"},
 	{"kubernetes.tokenFile", "/var/run/secrets/kubernetes.io/serviceaccount/token", "", "the service-account token for the API server"},
 	{"kubernetes.caFile", "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt", "", "the API server's CA certificate"},
 	{"remote.enabled", false, "", "serve remote GPU sessions: clients on nodes without a GPU run on a slice of this node's GPUs (`gpuwarden run --remote`), each in a worker process of its own under the interposer"},
 	{"remote.listen", ":7070", "", "the remote sessions' mutual-TLS listener"},
+	{"remote.advertise", "", "", "where clients dial this node's sessions (HOST[:PORT], as its certificate names it), offered to dra.remotePool's nodes with its GPUs; empty: the node's name and remote.listen's port"},
 	{"remote.cert", "/etc/gpuwarden/remote/tls.crt", "", "this node's certificate for remote sessions (PEM); clients use the same variable for theirs"},
 	{"remote.key", "/etc/gpuwarden/remote/tls.key", "", "the certificate's key (PEM)"},
 	{"remote.ca", "/etc/gpuwarden/remote/ca.crt", "", "the CA that signs both ends' certificates; a client's certificate names its namespace, pod and container (spiffe://gpuwarden/ns/NS/pod/POD/container/C)"},
@@ -398,6 +403,14 @@ func (c Config) Validate() error {
 			}
 		}
 	}
+	if d := c.DRA; d.RemotePool != "" {
+		if err := dra.CheckPoolName(d.RemotePool); err != nil {
+			errs = append(errs, err)
+		}
+		if !d.Enabled {
+			errs = append(errs, errors.New("dra.remotePool needs dra.enabled: the pool's GPUs are DRA devices"))
+		}
+	}
 	switch c.Log.Level {
 	case "debug", "info", "warn", "error":
 	default:
@@ -461,7 +474,20 @@ func (c Config) validateRemote() error {
 			errs = append(errs, errors.New("remote.servers needs devicePlugin.enabled: the device plugin advertises the servers' GPUs to this node's pods"))
 		}
 	}
-	if (r.Enabled || len(r.Servers) > 0) && (r.Timeout < 100*time.Millisecond || r.Timeout > 10*time.Minute) {
+	if c.DRA.RemotePool != "" {
+		if r.Cert == "" || r.Key == "" || r.CA == "" {
+			errs = append(errs, errors.New("dra.remotePool needs remote.cert, remote.key and remote.ca: the node's certificate, to relay its pods' sessions"))
+		}
+		if !strings.HasPrefix(r.LibraryDir, "/") {
+			errs = append(errs, fmt.Errorf("remote.libraryDir %q: want an absolute path", r.LibraryDir))
+		}
+	}
+	if r.Advertise != "" {
+		if _, _, err := client.SplitServer(r.Advertise); err != nil {
+			errs = append(errs, fmt.Errorf("remote.advertise: %w", err))
+		}
+	}
+	if (r.Enabled || len(r.Servers) > 0 || c.DRA.RemotePool != "") && (r.Timeout < 100*time.Millisecond || r.Timeout > 10*time.Minute) {
 		errs = append(errs, fmt.Errorf("remote.timeout %v: want 100ms-10m", r.Timeout))
 	}
 	if !r.Enabled {
@@ -510,4 +536,17 @@ func validateConnCaps(part string, total, perSource int) []error {
 		errs = append(errs, fmt.Errorf("%s.maxConnectionsPerSource %d: want 1 to %s.maxConnections (%d)", part, perSource, part, total))
 	}
 	return errs
+}
+
+// Advertised is where clients dial this node's remote sessions:
+// remote.advertise, or the node's name and remote.listen's port.
+func (c Config) Advertised(node string) string {
+	if c.Remote.Advertise != "" {
+		return c.Remote.Advertise
+	}
+	_, port, err := net.SplitHostPort(c.Remote.Listen)
+	if err != nil || port == "" {
+		return node
+	}
+	return net.JoinHostPort(node, port)
 }

@@ -8,7 +8,8 @@ label), config (the agent's configuration) and nodeSelector.
 {{- $libDir := dir $c.devicePlugin.interposerPath }}
 {{- $stateDir := dir $c.enforcement.stateFile }}
 {{- $r := $c.remote }}
-{{- $remoteClient := gt (len $r.servers) 0 }}
+{{- /* A node whose pods may run on remote GPUs: the client library is installed, the relay dials. */}}
+{{- $remoteClient := or (gt (len $r.servers) 0) $c.dra.remotePool }}
 {{- $remoteCreds := and $.root.Values.remote.secretName (or $r.enabled $remoteClient) }}
 {{- $dra := $c.dra.enabled }}
 {{- if and $dra $c.devicePlugin.enabled }}

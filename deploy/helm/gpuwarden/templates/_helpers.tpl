@@ -47,10 +47,16 @@ their configuration, remoteClients.config merged over config. */}}
 
 {{- define "gpuwarden.remoteClientsConfig" -}}
 {{- $c := mergeOverwrite (deepCopy .Values.config) (deepCopy .Values.remoteClients.config) }}
-{{- /* Nodes without GPUs are offered the servers' GPUs by the device plugin alone. */}}
+{{- if $c.dra.remotePool }}
+{{- /* A DRA remote pool: nodes without GPUs take the pool's GPUs through their DRA driver. */}}
+{{- $_ := set $c.devicePlugin "enabled" false }}
+{{- $_ := set $c.dra "enabled" true }}
+{{- else }}
+{{- /* Otherwise the device plugin offers them the servers' GPUs. */}}
 {{- $_ := set $c.dra "enabled" false }}
 {{- if not $c.remote.servers }}
-{{- fail "remoteClients.enabled needs the GPU nodes that serve them: remoteClients.config.remote.servers" }}
+{{- fail "remoteClients.enabled needs the GPU nodes that serve them: remoteClients.config.remote.servers, or config.dra.remotePool" }}
+{{- end }}
 {{- end }}
 {{- toYaml $c }}
 {{- end }}
