@@ -53,6 +53,7 @@ type Agent struct {
 	driver   *dra.Driver           // nil unless the DRA driver runs
 	pods     *kubelet.PodResources // nil off Kubernetes
 	relay    *relay.Relay          // nil unless remote GPUs are relayed for pods
+	serving  bool                  // remote sessions are served on this node's GPUs
 	observer *observe.Observer
 	coll     *collector.Collector
 	srv      *http.Server

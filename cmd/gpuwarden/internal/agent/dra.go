@@ -55,7 +55,8 @@ func (a *Agent) newDRA(pods *podAnnotations) (*dra.Driver, *kubeapi.Client, erro
 // draRemote is the DRA driver's part in the node's remote pool (nil:
 // none): a relay for claims of other nodes' GPUs, dialling the servers
 // their slices name with the node's certificate, and, where the node
-// serves sessions, the address its GPUs are offered at.
+// serves sessions (remote.enabled, and its server started), the address
+// its GPUs are offered at.
 func (a *Agent) draRemote(pods *podAnnotations) *dra.Remote {
 	pool := a.cfg.DRA.RemotePool
 	if pool == "" {
@@ -65,7 +66,7 @@ func (a *Agent) draRemote(pods *podAnnotations) *dra.Remote {
 	dialers := remotepool.NewDialers(pki.Files{Cert: r.Cert, Key: r.Key, CA: r.CA}, r.Timeout, a.log.With("part", "remoteRelay"))
 	rl := a.startRelay(pods, dialers.Dialer)
 	out := &dra.Remote{Pool: pool, LibDir: r.LibraryDir, Relay: rl.Listen, Release: rl.Release}
-	if r.Enabled {
+	if a.serving { // not where the server failed to start: its sessions would all fail
 		out.Server = a.cfg.Advertised(nodeName(a.cfg))
 	}
 	return out
