@@ -503,10 +503,14 @@ func (g *gpu) begin(m *member, now time.Time, cfg Config) {
 			g.close(o, now)
 		}
 	}
-	if m != nil && m == g.owner && m != g.draining {
-		// The owner keeps the device: its slice is measured as one that
-		// closed (a container alone on a GPU is never closed, and would
-		// otherwise keep the prior estimate, which starves short kernels).
+	if m != nil && m == g.owner && m != g.draining && !g.othersWait(m) {
+		// The owner keeps the device, nobody else waiting: its slice is
+		// measured as one that closed (a container alone on a GPU is never
+		// closed, and would otherwise keep the prior estimate, which starves
+		// short kernels). Not while others wait: then the owner's gate may
+		// have held its launches back for its share (fixed shares, caps),
+		// and time without tickets would read as a dear launch, which
+		// releases fewer, which slows it again.
 		g.costFromSlice(m, m.passed())
 	}
 	g.owner, g.sliceStart = m, now
