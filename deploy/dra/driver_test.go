@@ -110,16 +110,9 @@ func TestPrepareWritesWhatTheDevicePluginGives(t *testing.T) {
 	if st := r.settings[dirName]; st == nil || *st != (scheduler.Settings{Weight: 2, CapPercent: 80, High: true}) {
 		t.Errorf("settings %+v, want weight 2, cap 80, high", st)
 	}
-	var spec cdiSpec
-	b, err := os.ReadFile(specPath(r.cdi, uidA))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, &spec); err != nil {
-		t.Fatal(err)
-	}
+	spec := r.spec(t, uidA)
 	if spec.Kind != "gpu.gpuwarden.io/claim" || len(spec.Devices) != 1 || spec.Devices[0].Name != dirName {
-		t.Fatalf("spec %s", b)
+		t.Fatalf("spec %+v", spec)
 	}
 	env := strings.Join(spec.Devices[0].Edits.Env, " ")
 	for _, want := range []string{"GPUWARDEN_MEMORY_LIMIT=6Gi", "CUDA_VISIBLE_DEVICES=GPU-bbbb", "GPUWARDEN_COMPUTE_WEIGHT=2",
@@ -128,10 +121,7 @@ func TestPrepareWritesWhatTheDevicePluginGives(t *testing.T) {
 			t.Errorf("env %q lacks %s", env, want)
 		}
 	}
-	mounts := map[string]cdiMount{}
-	for _, m := range spec.Devices[0].Edits.Mounts {
-		mounts[m.ContainerPath] = m
-	}
+	mounts := mountsOf(spec.Devices[0])
 	if m := mounts["/run/gpuwarden/root/limits"]; m.HostPath != filepath.Join(r.control, dirName, "limits") || m.Options[1] != "ro" {
 		t.Errorf("limits mount %+v", m)
 	}
@@ -239,6 +229,29 @@ func TestRefusedClaimsWriteNothing(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) { newRig(t).refused(t, tc.c, tc.why) })
 	}
+}
+
+// spec is the CDI spec of claim uid, as the driver wrote it.
+func (r *rig) spec(t *testing.T, uid string) cdiSpec {
+	t.Helper()
+	var spec cdiSpec
+	b, err := os.ReadFile(specPath(r.cdi, uid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &spec); err != nil {
+		t.Fatal(err)
+	}
+	return spec
+}
+
+// mountsOf is a CDI device's mounts by their path in the container.
+func mountsOf(d cdiDevice) map[string]cdiMount {
+	mounts := map[string]cdiMount{}
+	for _, m := range d.Edits.Mounts {
+		mounts[m.ContainerPath] = m
+	}
+	return mounts
 }
 
 // refused checks that preparing c fails saying why, and writes nothing.

@@ -2,7 +2,6 @@ package dra
 
 import (
 	"context"
-	"encoding/json"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -123,23 +122,13 @@ func TestPrepareRemoteClaim(t *testing.T) {
 	if len(r.settings) != 0 {
 		t.Errorf("a remote claim's settings were saved for the local enforcer: %v", r.settings)
 	}
-	var spec cdiSpec
-	b, err := os.ReadFile(specPath(r.cdi, uidA))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := json.Unmarshal(b, &spec); err != nil {
-		t.Fatal(err)
-	}
+	spec := r.spec(t, uidA)
 	env := strings.Join(spec.Devices[0].Edits.Env, " ")
 	if !strings.Contains(env, "GPUWARDEN_REMOTE=unix:"+allocation.ContainerRemoteDir+"/"+session.RelaySocket) ||
 		!strings.Contains(env, "LD_LIBRARY_PATH="+allocation.ContainerRemoteLib) || strings.Contains(env, "LD_PRELOAD") {
 		t.Errorf("env %q", env)
 	}
-	mounts := map[string]cdiMount{}
-	for _, m := range spec.Devices[0].Edits.Mounts {
-		mounts[m.ContainerPath] = m
-	}
+	mounts := mountsOf(spec.Devices[0])
 	if m := mounts[allocation.ContainerRemoteDir]; m.HostPath != filepath.Join(r.control, dirName, session.RelayDir) || m.Options[1] != "ro" {
 		t.Errorf("relay mount %+v", m)
 	}
