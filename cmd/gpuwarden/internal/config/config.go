@@ -458,25 +458,27 @@ func Reference() string {
 func (c Config) validateRemote() error {
 	r := c.Remote
 	var errs []error
-	if len(r.Servers) > 0 {
-		for _, s := range r.Servers {
-			if _, _, err := client.SplitServer(s); err != nil {
-				errs = append(errs, fmt.Errorf("remote.servers: %w", err))
-			}
-		}
-		if r.Cert == "" || r.Key == "" || r.CA == "" {
-			errs = append(errs, errors.New("remote.servers needs remote.cert, remote.key and remote.ca: the node's certificate"))
-		}
-		if !strings.HasPrefix(r.LibraryDir, "/") {
-			errs = append(errs, fmt.Errorf("remote.libraryDir %q: want an absolute path", r.LibraryDir))
-		}
-		if !c.DevicePlugin.Enabled {
-			errs = append(errs, errors.New("remote.servers needs devicePlugin.enabled: the device plugin advertises the servers' GPUs to this node's pods"))
+	for _, s := range r.Servers {
+		if _, _, err := client.SplitServer(s); err != nil {
+			errs = append(errs, fmt.Errorf("remote.servers: %w", err))
 		}
 	}
+	if len(r.Servers) > 0 && !c.DevicePlugin.Enabled {
+		errs = append(errs, errors.New("remote.servers needs devicePlugin.enabled: the device plugin advertises the servers' GPUs to this node's pods"))
+	}
+	// What makes the node relay its pods' sessions: either needs the node's
+	// certificate and the client library it mounts into them.
+	var relays []string
+	if len(r.Servers) > 0 {
+		relays = append(relays, "remote.servers")
+	}
 	if c.DRA.RemotePool != "" {
+		relays = append(relays, "dra.remotePool")
+	}
+	if len(relays) > 0 {
 		if r.Cert == "" || r.Key == "" || r.CA == "" {
-			errs = append(errs, errors.New("dra.remotePool needs remote.cert, remote.key and remote.ca: the node's certificate, to relay its pods' sessions"))
+			errs = append(errs, fmt.Errorf("%s needs remote.cert, remote.key and remote.ca: the node's certificate, to relay its pods' sessions",
+				strings.Join(relays, " and ")))
 		}
 		if !strings.HasPrefix(r.LibraryDir, "/") {
 			errs = append(errs, fmt.Errorf("remote.libraryDir %q: want an absolute path", r.LibraryDir))
@@ -487,7 +489,7 @@ func (c Config) validateRemote() error {
 			errs = append(errs, fmt.Errorf("remote.advertise: %w", err))
 		}
 	}
-	if (r.Enabled || len(r.Servers) > 0 || c.DRA.RemotePool != "") && (r.Timeout < 100*time.Millisecond || r.Timeout > 10*time.Minute) {
+	if (r.Enabled || len(relays) > 0) && (r.Timeout < 100*time.Millisecond || r.Timeout > 10*time.Minute) {
 		errs = append(errs, fmt.Errorf("remote.timeout %v: want 100ms-10m", r.Timeout))
 	}
 	if !r.Enabled {
