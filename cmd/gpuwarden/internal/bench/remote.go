@@ -245,9 +245,10 @@ type figure struct {
 func (r *remoteRunner) compare(f figure, stdout io.Writer) (map[string]float64, error) {
 	vals := map[string][]float64{}
 	ratios := map[string][]float64{}
+	remotes := append([]string{unixDirect}, netNames(r.nets)...)
+	order := append([]string{"local"}, remotes...)
 	for round := 0; round < benchRounds; round++ {
 		got := map[string]float64{}
-		order := append([]string{"local", unixDirect}, netNames(r.nets)...)
 		for i := range order {
 			name := order[(i+round)%len(order)]
 			var out map[string]float64
@@ -278,13 +279,13 @@ func (r *remoteRunner) compare(f figure, stdout io.Writer) (map[string]float64, 
 			}
 			vals[name] = append(vals[name], v)
 		}
-		for _, n := range append(netNames(r.nets), unixDirect) {
+		for _, n := range remotes {
 			ratios[n] = append(ratios[n], got[n]/got["local"]) // of the raw rates
 		}
 	}
 	medians := map[string]float64{"local": interposerMedian(vals["local"])}
 	fmt.Fprintf(stdout, "BENCH local_%s %.2f %s\n", f.name, medians["local"], f.unit)
-	for _, n := range append([]string{unixDirect}, netNames(r.nets)...) {
+	for _, n := range remotes {
 		ratio := interposerMedian(ratios[n])
 		medians[n] = interposerMedian(vals[n])
 		fmt.Fprintf(stdout, "BENCH remote_%s_%s %.2f %s\n", n, f.name, medians[n], f.unit)
