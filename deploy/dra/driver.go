@@ -6,10 +6,11 @@
 // and compute cap. Preparing a claim writes what the device plugin gives a
 // container (allocation.Node.Local) and hands it to the runtime as a CDI
 // device; a claim of another node's GPU in the node's remote pool is
-// prepared as a remote session (remote.go). The driver speaks the kubelet's plugin registration and DRA gRPC
-// services itself (kubelet.go) and the API server's JSON through
-// collector/kubeapi (api.go): Kubernetes' kubeletplugin helper would bring
-// client-go into every agent, about 36 MiB of resident memory.
+// prepared as a remote session (remote.go). The driver speaks the kubelet's
+// plugin registration and DRA gRPC services itself (kubelet.go) and the API
+// server's JSON through collector/kubeapi (api.go): Kubernetes'
+// kubeletplugin helper would bring client-go into every agent, about 36 MiB
+// of resident memory.
 package dra
 
 import (
