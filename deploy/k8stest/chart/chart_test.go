@@ -593,10 +593,18 @@ func (c *cluster) get(t *testing.T, group, resource, name string) *unstructured.
 // notUID, to be Ready on the node, and returns it.
 func (c *cluster) agentPod(t *testing.T, notUID types.UID) *corev1.Pod {
 	t.Helper()
+	return c.readyAgent(t, "agent", c.Node, notUID)
+}
+
+// readyAgent waits for the one pod of the agent's DaemonSet of component
+// (agent, remote-client), other than the one of notUID, to be Ready on
+// node, and returns it.
+func (c *cluster) readyAgent(t *testing.T, component, node string, notUID types.UID) *corev1.Pod {
+	t.Helper()
 	var pod *corev1.Pod
-	kube.Eventually(t, 4*time.Minute, "the agent's pod is Ready", func() error {
+	kube.Eventually(t, 4*time.Minute, "the "+component+" pod on "+node+" is Ready", func() error {
 		pods, err := c.Client.CoreV1().Pods(namespace).List(context.Background(), metav1.ListOptions{
-			LabelSelector: "app.kubernetes.io/name=gpuwarden,app.kubernetes.io/component=agent"})
+			LabelSelector: "app.kubernetes.io/name=gpuwarden,app.kubernetes.io/component=" + component})
 		if err != nil {
 			return err
 		}
@@ -607,7 +615,7 @@ func (c *cluster) agentPod(t *testing.T, notUID types.UID) *corev1.Pod {
 			for _, cond := range p.Status.Conditions {
 				ready = ready || cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue
 			}
-			if p.UID != notUID && ready && p.DeletionTimestamp == nil && p.Spec.NodeName == c.Node && len(pods.Items) == 1 {
+			if p.UID != notUID && ready && p.DeletionTimestamp == nil && p.Spec.NodeName == node && len(pods.Items) == 1 {
 				pod = p
 				return nil
 			}

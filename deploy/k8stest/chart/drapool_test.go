@@ -110,7 +110,7 @@ func TestDRARemotePoolOnRealNodes(t *testing.T) {
 				}
 			}
 			agent = c.agentPod(t, "").Status.PodIP + ":9477"
-			c.remoteClientAgent(t)
+			c.readyAgent(t, "remote-client", c.Node2.Name, "")
 		}},
 
 		// Node 1's slice offers its GPU to the pool's nodes, with the
@@ -291,28 +291,6 @@ func removeCgroup(t *testing.T, name string) {
 			}
 		}
 	}
-}
-
-// remoteClientAgent waits for node 2's agent to be Ready.
-func (c *cluster) remoteClientAgent(t *testing.T) {
-	t.Helper()
-	kube.Eventually(t, 4*time.Minute, "node 2's agent is Ready", func() error {
-		pods, err := c.Client.CoreV1().Pods(namespace).List(context.Background(), metav1.ListOptions{
-			LabelSelector: "app.kubernetes.io/name=gpuwarden,app.kubernetes.io/component=remote-client"})
-		if err != nil {
-			return err
-		}
-		var states []string
-		for _, p := range pods.Items {
-			for _, cond := range p.Status.Conditions {
-				if cond.Type == corev1.PodReady && cond.Status == corev1.ConditionTrue && p.Spec.NodeName == c.Node2.Name {
-					return nil
-				}
-			}
-			states = append(states, p.Name+" on "+p.Spec.NodeName+": "+kube.Describe(&p))
-		}
-		return fmt.Errorf("pods: %v", states)
-	})
 }
 
 // remoteClaim makes a ResourceClaim of one device of the remote class with
