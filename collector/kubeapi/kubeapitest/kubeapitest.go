@@ -22,8 +22,9 @@ import (
 type TestServer struct {
 	URL, TokenFile, CAFile string
 
-	mu   sync.Mutex
-	pods map[string][]kubeapi.Pod // by node
+	mu    sync.Mutex
+	pods  map[string][]kubeapi.Pod // by node
+	lists int                      // pod lists answered
 }
 
 // StartTestServer serves on loopback until the test ends.
@@ -51,6 +52,7 @@ func StartTestServerOn(t testing.TB, lis net.Listener) *TestServer {
 		}
 		s.mu.Lock()
 		defer s.mu.Unlock()
+		s.lists++
 		type meta struct {
 			Namespace   string            `json:"namespace"`
 			Name        string            `json:"name"`
@@ -92,4 +94,11 @@ func (s *TestServer) SetPods(node string, pods ...kubeapi.Pod) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.pods[node] = pods
+}
+
+// Lists is how many pod lists the server has answered.
+func (s *TestServer) Lists() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lists
 }
