@@ -117,7 +117,7 @@ func TestCFuzzers(t *testing.T) {
 		"-I", filepath.Join(dir, "remote")}
 	for _, h := range []struct{ harness, src string }{
 		{"fuzz_env.c", "src/env.c"}, {"fuzz_controlblock.c", "src/cbcheck.c"}, {"fuzz_frame.c", "remote/decode.c"},
-		{"fuzz_cgroup.c", "src/cgroup.c"},
+		{"fuzz_cgroup.c", "src/cgroup.c"}, {"fuzz_tlsrec.c", "remote/tls13.c"},
 	} {
 		bin := filepath.Join(t.TempDir(), strings.TrimSuffix(h.harness, ".c"))
 		args := append([]string{"-g", "-O1", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all", "-o", bin},

@@ -1,0 +1,460 @@
+/* TLS 1.3 records with AES-128-GCM (tls13.h). The client library is loaded
+ * into programs that may bring a crypto library of their own, so the
+ * cipher is here, on AES-NI and PCLMULQDQ, and nothing of it is exported.
+ *
+ * GCM's GHASH works on byte-reversed blocks (the bit order PCLMULQDQ
+ * multiplies in, shifted by one) and folds eight blocks per reduction with
+ * H^1..H^8; the counter blocks are encrypted eight at a time. Those are
+ * what make a core reach GB/s. */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <immintrin.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "proto.h"
+#include "tls13.h"
+
+#define TARGET __attribute__((target("aes,pclmul,sse4.1,ssse3")))
+
+enum { CT_ALERT = 21, CT_HANDSHAKE = 22, CT_DATA = 23 };
+enum { HS_KEY_UPDATE = 24, ALERT_CLOSE_NOTIFY = 0 };
+
+/* Records per write key: far inside AES-GCM's limit (RFC 8446 5.5). */
+#define KEY_UPDATE_EVERY (1ull << 23)
+
+/* Reads ask for at least this much: small records come many to a read. */
+#define READ_MIN 4096
+
+struct gcm {
+    __m128i rk[11]; /* AES-128 round keys */
+    __m128i h[8];   /* H^1..H^8, byte-reversed */
+    uint8_t iv[12];
+};
+
+struct half {
+    struct gcm c;
+    uint8_t secret[32];
+    uint64_t seq;
+};
+
+struct gwr_tls {
+    struct half w, r;
+    int fd;
+    pthread_mutex_t wmu; /* one record at a time goes out: w, wbuf, werr */
+    int werr, rerr;      /* sticky errno of each side */
+    int closed;          /* close_notify sent: nothing more goes out, a KeyUpdate answer neither */
+    int eof;
+    size_t rpos, rend;    /* rbuf[rpos, rend): received, not yet taken */
+    size_t plain, nplain; /* the current record's content not yet read: rbuf[plain, plain + nplain) */
+    uint8_t wbuf[GWR_TLS_MAX_RECORD], rbuf[GWR_TLS_MAX_RECORD];
+};
+
+/* HMAC-SHA256 of a short message (n <= 64) under a 32-byte key. */
+static void hmac(const uint8_t key[32], const uint8_t *msg, size_t n, uint8_t out[32]) {
+    uint8_t b[64 + 64];
+    memset(b, 0x36, 64);
+    for (int i = 0; i < 32; i++) b[i] ^= key[i];
+    memcpy(b + 64, msg, n);
+    uint8_t inner[GWR_HASH_SIZE];
+    gwr_sha256(b, 64 + n, inner);
+    for (int i = 0; i < 64; i++) b[i] ^= 0x36 ^ 0x5c;
+    memcpy(b + 64, inner, sizeof inner);
+    gwr_sha256(b, 64 + sizeof inner, out);
+    explicit_bzero(b, sizeof b);
+}
+
+/* HKDF-Expand-Label(secret, label, "", n) for n <= 32 (RFC 8446 7.1): a
+ * single HMAC block. */
+static void expand_label(const uint8_t secret[32], const char *label, uint8_t *out, size_t n) {
+    uint8_t info[32], t[32];
+    size_t ll = strlen(label), at = 0;
+    info[at++] = 0;
+    info[at++] = (uint8_t)n;
+    info[at++] = (uint8_t)(6 + ll);
+    memcpy(info + at, "tls13 ", 6);
+    memcpy(info + at + 6, label, ll);
+    at += 6 + ll;
+    info[at++] = 0; /* no context */
+    info[at++] = 1; /* T(1) */
+    hmac(secret, info, at, t);
+    memcpy(out, t, n);
+    explicit_bzero(t, sizeof t);
+}
+
+static TARGET __m128i bswap(__m128i x) {
+    return _mm_shuffle_epi8(x, _mm_set_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+}
+
+static TARGET __m128i key_step(__m128i k, __m128i assist) {
+    k = _mm_xor_si128(k, _mm_slli_si128(k, 4));
+    k = _mm_xor_si128(k, _mm_slli_si128(k, 4));
+    k = _mm_xor_si128(k, _mm_slli_si128(k, 4));
+    return _mm_xor_si128(k, _mm_shuffle_epi32(assist, 0xff));
+}
+
+static TARGET __m128i aes(const __m128i rk[11], __m128i b) {
+    b = _mm_xor_si128(b, rk[0]);
+    for (int i = 1; i < 10; i++) b = _mm_aesenc_si128(b, rk[i]);
+    return _mm_aesenclast_si128(b, rk[10]);
+}
+
+/* Accumulates a * b unreduced: the 256-bit product is lo + mid * 2^64 + hi * 2^128. */
+static TARGET void mul_add(__m128i a, __m128i b, __m128i *lo, __m128i *mid, __m128i *hi) {
+    *lo = _mm_xor_si128(*lo, _mm_clmulepi64_si128(a, b, 0x00));
+    *hi = _mm_xor_si128(*hi, _mm_clmulepi64_si128(a, b, 0x11));
+    *mid = _mm_xor_si128(*mid, _mm_xor_si128(_mm_clmulepi64_si128(a, b, 0x01), _mm_clmulepi64_si128(a, b, 0x10)));
+}
+
+/* Reduces a product modulo x^128 + x^7 + x^2 + x + 1 (Intel's "Carry-Less
+ * Multiplication and its Usage for Computing the GCM Mode", algorithm 5).
+ * The shift by one bit corrects for the reflected bit order. */
+static TARGET __m128i reduce(__m128i lo, __m128i mid, __m128i hi) {
+    __m128i a = _mm_xor_si128(lo, _mm_slli_si128(mid, 8));
+    __m128i b = _mm_xor_si128(hi, _mm_srli_si128(mid, 8));
+    __m128i ca = _mm_srli_epi32(a, 31), cb = _mm_srli_epi32(b, 31);
+    a = _mm_or_si128(_mm_slli_epi32(a, 1), _mm_slli_si128(ca, 4));
+    b = _mm_or_si128(_mm_or_si128(_mm_slli_epi32(b, 1), _mm_slli_si128(cb, 4)), _mm_srli_si128(ca, 12));
+    __m128i t = _mm_xor_si128(_mm_xor_si128(_mm_slli_epi32(a, 31), _mm_slli_epi32(a, 30)), _mm_slli_epi32(a, 25));
+    __m128i u = _mm_srli_si128(t, 4);
+    a = _mm_xor_si128(a, _mm_slli_si128(t, 12));
+    __m128i v = _mm_xor_si128(_mm_xor_si128(_mm_srli_epi32(a, 1), _mm_srli_epi32(a, 2)), _mm_srli_epi32(a, 7));
+    return _mm_xor_si128(b, _mm_xor_si128(a, _mm_xor_si128(v, u)));
+}
+
+static TARGET __m128i gf_mul(__m128i a, __m128i b) {
+    __m128i lo = _mm_setzero_si128(), mid = lo, hi = lo;
+    mul_add(a, b, &lo, &mid, &hi);
+    return reduce(lo, mid, hi);
+}
+
+static TARGET void gcm_init(struct gcm *g, const uint8_t key[16], const uint8_t iv[12]) {
+    __m128i *rk = g->rk;
+    rk[0] = _mm_loadu_si128((const __m128i *)key);
+#define STEP(i, rcon) rk[i] = key_step(rk[i - 1], _mm_aeskeygenassist_si128(rk[i - 1], rcon))
+    STEP(1, 0x01), STEP(2, 0x02), STEP(3, 0x04), STEP(4, 0x08), STEP(5, 0x10);
+    STEP(6, 0x20), STEP(7, 0x40), STEP(8, 0x80), STEP(9, 0x1b), STEP(10, 0x36);
+#undef STEP
+    g->h[0] = bswap(aes(rk, _mm_setzero_si128()));
+    for (int i = 1; i < 8; i++) g->h[i] = gf_mul(g->h[i - 1], g->h[0]);
+    memcpy(g->iv, iv, sizeof g->iv);
+}
+
+/* GCM over p[0, n) in place (RFC 5116's AEAD_AES_128_GCM with a 12-byte
+ * nonce): encrypts if sealing, else decrypts; either way tag gets the tag
+ * of the ciphertext and aad. */
+static TARGET void gcm(const struct gcm *g, const uint8_t nonce[12], const uint8_t *aad, size_t naad, uint8_t *p,
+                       size_t n, int sealing, uint8_t tag[16]) {
+    const __m128i *rk = g->rk, one = _mm_set_epi32(0, 0, 0, 1);
+    uint8_t blk[16] = {0};
+    memcpy(blk, nonce, 12);
+    blk[15] = 1;
+    __m128i ctr = bswap(_mm_loadu_si128((const __m128i *)blk)); /* the counter in lane 0 */
+    __m128i mask = aes(rk, bswap(ctr));
+    memset(blk, 0, sizeof blk);
+    memcpy(blk, aad, naad);
+    __m128i x = gf_mul(bswap(_mm_loadu_si128((const __m128i *)blk)), g->h[0]);
+    size_t at = 0;
+    for (; n - at >= 128; at += 128) {
+        __m128i b[8], c[8], lo = _mm_setzero_si128(), mid = lo, hi = lo;
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            ctr = _mm_add_epi32(ctr, one);
+            b[j] = _mm_xor_si128(bswap(ctr), rk[0]);
+            c[j] = _mm_loadu_si128((const __m128i *)(p + at + 16 * j));
+        }
+#pragma GCC unroll 9
+        for (int i = 1; i < 10; i++)
+#pragma GCC unroll 8
+            for (int j = 0; j < 8; j++) b[j] = _mm_aesenc_si128(b[j], rk[i]);
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; j++) {
+            b[j] = _mm_xor_si128(_mm_aesenclast_si128(b[j], rk[10]), c[j]);
+            _mm_storeu_si128((__m128i *)(p + at + 16 * j), b[j]);
+            if (sealing) c[j] = b[j];
+        }
+        x = _mm_xor_si128(x, bswap(c[0]));
+        mul_add(x, g->h[7], &lo, &mid, &hi);
+#pragma GCC unroll 7
+        for (int j = 1; j < 8; j++) mul_add(bswap(c[j]), g->h[7 - j], &lo, &mid, &hi);
+        x = reduce(lo, mid, hi);
+    }
+    for (; at < n; at += 16) {
+        size_t k = n - at < 16 ? n - at : 16;
+        memset(blk, 0, sizeof blk);
+        memcpy(blk, p + at, k);
+        __m128i c = _mm_loadu_si128((const __m128i *)blk);
+        ctr = _mm_add_epi32(ctr, one);
+        __m128i b = _mm_xor_si128(aes(rk, bswap(ctr)), c);
+        _mm_storeu_si128((__m128i *)blk, b);
+        memcpy(p + at, blk, k);
+        if (sealing) { /* the ciphertext's padding is zeros, not keystream */
+            memset(blk + k, 0, 16 - k);
+            c = _mm_loadu_si128((const __m128i *)blk);
+        }
+        x = gf_mul(_mm_xor_si128(x, bswap(c)), g->h[0]);
+    }
+    __m128i lens = _mm_set_epi64x((long long)naad * 8, (long long)n * 8);
+    x = gf_mul(_mm_xor_si128(x, lens), g->h[0]);
+    _mm_storeu_si128((__m128i *)tag, _mm_xor_si128(bswap(x), mask));
+}
+
+static void set_keys(struct half *h) {
+    uint8_t key[16], iv[12];
+    expand_label(h->secret, "key", key, sizeof key);
+    expand_label(h->secret, "iv", iv, sizeof iv);
+    gcm_init(&h->c, key, iv);
+    explicit_bzero(key, sizeof key);
+}
+
+/* next_secret moves h on to its next traffic secret (RFC 8446 7.2). */
+static void next_secret(struct half *h) {
+    expand_label(h->secret, "traffic upd", h->secret, sizeof h->secret);
+    set_keys(h);
+    h->seq = 0;
+}
+
+static void nonce(const struct half *h, uint8_t out[12]) {
+    memcpy(out, h->c.iv, 12);
+    for (int i = 0; i < 8; i++) out[11 - i] ^= (uint8_t)(h->seq >> (8 * i));
+}
+
+/* body_len is the length after the header of a record that may come here; -1 if none may. */
+static ssize_t body_len(const uint8_t *rec) {
+    size_t n = (size_t)rec[3] << 8 | rec[4];
+    if (rec[0] != CT_DATA || rec[1] != 3 || rec[2] != 3 || n < 1 + GWR_TLS_TAG || n > GWR_TLS_MAX_RECORD - GWR_TLS_HDR)
+        return -1;
+    return (ssize_t)n;
+}
+
+size_t gwr_tls_seal(struct gwr_tls *t, uint8_t *rec, size_t inner) {
+    size_t n = inner + GWR_TLS_TAG;
+    rec[0] = CT_DATA, rec[1] = 3, rec[2] = 3, rec[3] = (uint8_t)(n >> 8), rec[4] = (uint8_t)n;
+    uint8_t iv[12];
+    nonce(&t->w, iv);
+    gcm(&t->w.c, iv, rec, GWR_TLS_HDR, rec + GWR_TLS_HDR, inner, 1, rec + GWR_TLS_HDR + inner);
+    t->w.seq++;
+    return GWR_TLS_HDR + n;
+}
+
+ssize_t gwr_tls_open(struct gwr_tls *t, uint8_t *rec, uint8_t *type) {
+    ssize_t len = body_len(rec);
+    if (len < 0) {
+        errno = EPROTO;
+        return -1;
+    }
+    size_t n = (size_t)len - GWR_TLS_TAG;
+    uint8_t iv[12], tag[16], diff = 0;
+    nonce(&t->r, iv);
+    gcm(&t->r.c, iv, rec, GWR_TLS_HDR, rec + GWR_TLS_HDR, n, 0, tag);
+    for (int i = 0; i < 16; i++) diff |= tag[i] ^ rec[GWR_TLS_HDR + n + i]; /* in constant time */
+    if (diff) {
+        errno = EBADMSG;
+        return -1;
+    }
+    t->r.seq++;
+    while (n && !rec[GWR_TLS_HDR + n - 1]) n--; /* the padding */
+    if (!n) {
+        errno = EPROTO;
+        return -1;
+    }
+    *type = rec[GWR_TLS_HDR + n - 1];
+    return (ssize_t)n - 1;
+}
+
+int gwr_tls_supported(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("aes") && __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1") &&
+           __builtin_cpu_supports("ssse3");
+}
+
+struct gwr_tls *gwr_tls_new(int fd, const struct gwr_tls_state *st) {
+    if (fd < 0 || !st) {
+        errno = EINVAL;
+        return NULL;
+    }
+    if (st->suite != GWR_TLS_AES_128_GCM_SHA256 || !gwr_tls_supported()) {
+        errno = ENOTSUP;
+        return NULL;
+    }
+    struct gwr_tls *t = calloc(1, sizeof *t);
+    if (!t) return NULL;
+    t->fd = fd;
+    pthread_mutex_init(&t->wmu, NULL);
+    memcpy(t->w.secret, st->write_secret, sizeof t->w.secret);
+    memcpy(t->r.secret, st->read_secret, sizeof t->r.secret);
+    t->w.seq = st->write_seq;
+    t->r.seq = st->read_seq;
+    set_keys(&t->w);
+    set_keys(&t->r);
+    return t;
+}
+
+void gwr_tls_free(struct gwr_tls *t) {
+    if (!t) return;
+    pthread_mutex_destroy(&t->wmu);
+    explicit_bzero(t, sizeof *t);
+    free(t);
+}
+
+/* put seals wbuf's inner plaintext of n bytes and sends it; with wmu held. */
+static int put(struct gwr_tls *t, size_t n) {
+    if (t->werr) {
+        errno = t->werr;
+        return -1;
+    }
+    const uint8_t *p = t->wbuf;
+    size_t left = gwr_tls_seal(t, t->wbuf, n);
+    while (left) {
+        ssize_t k = send(t->fd, p, left, MSG_NOSIGNAL);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) {
+            t->werr = errno;
+            return -1;
+        }
+        p += k;
+        left -= (size_t)k;
+    }
+    return 0;
+}
+
+/* key_update sends a KeyUpdate and then writes with the next secret; with wmu held. */
+static int key_update(struct gwr_tls *t, int request_peer) {
+    uint8_t *m = t->wbuf + GWR_TLS_HDR;
+    m[0] = HS_KEY_UPDATE, m[1] = 0, m[2] = 0, m[3] = 1, m[4] = request_peer ? 1 : 0, m[5] = CT_HANDSHAKE;
+    if (put(t, 6)) return -1;
+    next_secret(&t->w);
+    return 0;
+}
+
+int gwr_tls_update(struct gwr_tls *t, int request_peer) {
+    pthread_mutex_lock(&t->wmu);
+    int rc = key_update(t, request_peer);
+    pthread_mutex_unlock(&t->wmu);
+    return rc;
+}
+
+int gwr_tls_close(struct gwr_tls *t) {
+    pthread_mutex_lock(&t->wmu);
+    uint8_t *m = t->wbuf + GWR_TLS_HDR;
+    m[0] = 1 /* warning */, m[1] = ALERT_CLOSE_NOTIFY, m[2] = CT_ALERT;
+    int rc = put(t, 3);
+    if (!rc) t->werr = EPIPE, t->closed = 1;
+    pthread_mutex_unlock(&t->wmu);
+    return rc;
+}
+
+int gwr_tls_writev(struct gwr_tls *t, const struct iovec *v, int n) {
+    int i = 0;
+    size_t off = 0;
+    for (;;) {
+        while (i < n && off == v[i].iov_len) i++, off = 0;
+        if (i == n) return 0;
+        pthread_mutex_lock(&t->wmu); /* per record: a KeyUpdate answer waits for one record, not a whole write */
+        int rc = t->w.seq >= KEY_UPDATE_EVERY ? key_update(t, 0) : 0;
+        size_t len = 0;
+        while (!rc && i < n && len < GWR_TLS_MAX_PLAIN) {
+            size_t k = v[i].iov_len - off;
+            if (k > GWR_TLS_MAX_PLAIN - len) k = GWR_TLS_MAX_PLAIN - len;
+            memcpy(t->wbuf + GWR_TLS_HDR + len, (const uint8_t *)v[i].iov_base + off, k);
+            len += k;
+            off += k;
+            if (off == v[i].iov_len) i++, off = 0;
+        }
+        if (!rc) {
+            t->wbuf[GWR_TLS_HDR + len] = CT_DATA;
+            rc = put(t, len + 1);
+        }
+        pthread_mutex_unlock(&t->wmu);
+        if (rc) return -1;
+    }
+}
+
+/* fill makes rbuf hold at least want bytes from rpos on: 1, 0 at EOF
+ * with nothing held, or -1. A read stops just past the bytes wanted and
+ * the next header, so what is moved down to make room is short. */
+static int fill(struct gwr_tls *t, size_t want) {
+    if (t->rpos + want > sizeof t->rbuf) {
+        memmove(t->rbuf, t->rbuf + t->rpos, t->rend - t->rpos);
+        t->rend -= t->rpos;
+        t->rpos = 0;
+    }
+    while (t->rend - t->rpos < want) {
+        size_t ask = want - (t->rend - t->rpos) + GWR_TLS_HDR, room = sizeof t->rbuf - t->rend;
+        if (ask < READ_MIN) ask = READ_MIN;
+        if (ask > room) ask = room;
+        ssize_t k = recv(t->fd, t->rbuf + t->rend, ask, 0);
+        if (k < 0 && errno == EINTR) continue;
+        if (k < 0) return -1;
+        if (k == 0) {
+            if (t->rend == t->rpos) return 0;
+            errno = EPROTO; /* the stream ended inside a record */
+            return -1;
+        }
+        t->rend += (size_t)k;
+    }
+    return 1;
+}
+
+/* next_record takes in the next record: 1, 0 at the end of the stream, or -1. */
+static int next_record(struct gwr_tls *t) {
+    int r = fill(t, GWR_TLS_HDR);
+    if (r <= 0) return r;
+    ssize_t len = body_len(t->rbuf + t->rpos);
+    if (len < 0) {
+        errno = EPROTO;
+        return -1;
+    }
+    if (fill(t, GWR_TLS_HDR + (size_t)len) <= 0) {
+        errno = EPROTO;
+        return -1;
+    }
+    uint8_t *rec = t->rbuf + t->rpos, type, *m = rec + GWR_TLS_HDR;
+    ssize_t n = gwr_tls_open(t, rec, &type);
+    if (n < 0) return -1;
+    t->rpos += GWR_TLS_HDR + (size_t)len;
+    if (type == CT_DATA) {
+        t->plain = (size_t)(m - t->rbuf);
+        t->nplain = (size_t)n;
+        return 1;
+    }
+    if (type == CT_ALERT && n == 2) {
+        if (m[1] == ALERT_CLOSE_NOTIFY) return 0;
+        errno = ECONNRESET;
+        return -1;
+    }
+    /* A KeyUpdate comes in a record of its own (RFC 8446 5.1); the agents
+     * let no other handshake message follow the handover. */
+    if (type == CT_HANDSHAKE && n == 5 && m[0] == HS_KEY_UPDATE && m[1] == 0 && m[2] == 0 && m[3] == 1 && m[4] <= 1) {
+        next_secret(&t->r);
+        if (!m[4]) return 1;
+        pthread_mutex_lock(&t->wmu);
+        int rc = t->closed ? 0 : key_update(t, 0);
+        pthread_mutex_unlock(&t->wmu);
+        return rc ? -1 : 1;
+    }
+    errno = EPROTO;
+    return -1;
+}
+
+ssize_t gwr_tls_read(struct gwr_tls *t, void *buf, size_t n) {
+    if (t->rerr) {
+        errno = t->rerr;
+        return -1;
+    }
+    while (!t->nplain && !t->eof && n) {
+        int r = next_record(t);
+        if (r < 0) {
+            t->rerr = errno;
+            return -1;
+        }
+        t->eof = !r;
+    }
+    if (n > t->nplain) n = t->nplain;
+    memcpy(buf, t->rbuf + t->plain, n);
+    t->plain += n;
+    t->nplain -= n;
+    return (ssize_t)n;
+}
