@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -66,6 +67,10 @@ func runRemote(args []string, stdout, stderr io.Writer) int {
 	gpu := fs.String("gpu", "", "a GPU's UUID on the server; default: the one with the most free memory")
 	exe, _ := os.Executable()
 	libDir := fs.String("library-dir", filepath.Join(filepath.Dir(exe), "remote"), "the directory of the remote client library (libcuda.so.1)")
+	dataPath := fs.String("data-path", cmp.Or(os.Getenv(config.EnvName("remote.dataPath")), session.PathDirect),
+		"direct (the program's client library talks to the server's worker itself once the session is admitted) or relayed (every byte through this command and the server's agent) ($"+config.EnvName("remote.dataPath")+")")
+	localSocket := fs.String("local-socket", "", "on the GPU node itself: its agent's local socket (<controlDir>/"+session.LocalSocket+
+		"), dialled instead of the network; a direct session then talks to its worker with no TLS in between")
 	rf := addRemoteFlags(fs)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, pflag.ErrHelp) {
@@ -95,10 +100,15 @@ func runRemote(args []string, stdout, stderr io.Writer) int {
 	if _, err := os.Stat(filepath.Join(*libDir, "libcuda.so.1")); err != nil {
 		return fail(2, "no remote client library: %v", err)
 	}
+	relayed, err := session.ParseDataPath(*dataPath)
+	if err != nil {
+		return fail(2, "--data-path: %v", err)
+	}
 	d, err := rf.dialer(*server)
 	if err != nil {
 		return fail(2, "%v", err)
 	}
+	d.Relayed, d.Local = relayed, *localSocket
 	// Ask once before starting CMD, so an unreachable server or refused
 	// credentials show here rather than as a failed cuInit.
 	if _, err := d.List(context.Background()); err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
 	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/pki"
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
 
@@ -38,6 +39,20 @@ type remoteRig struct {
 	clientBin  string // the client node's programs: copies, with no libcuda beside them
 	agentEnv   []string
 	cgroupRoot string
+	dataPath   string // gpuwarden run --data-path; "": the default (direct)
+	sameNode   bool   // run on the GPU node, through its agent's local socket
+}
+
+// dataPaths are both ways a session's bytes go; tests of the remote path
+// run on each.
+var dataPaths = []string{session.PathDirect, session.PathRelayed}
+
+// wantPath checks that `gpuwarden run` reported its sessions on path.
+func wantPath(t *testing.T, p *simtest.Proc, path string) {
+	t.Helper()
+	if !strings.Contains(p.Stderr(), ", "+path+"\n") {
+		t.Errorf("the session did not report the %s data path:\n%s", path, p.Stderr())
+	}
 }
 
 var rigIdentities = map[string]pki.Identity{
@@ -121,8 +136,16 @@ func (r *remoteRig) run(t *testing.T, who string, flags []string, prog string, a
 func (r *remoteRig) runCmd(t *testing.T, who string, flags []string, prog string, args ...string) *exec.Cmd {
 	all := append([]string{"run", "--remote", serverAddr, "--cert", filepath.Join(r.creds, who+".crt"),
 		"--key", filepath.Join(r.creds, who+".key"), "--ca", filepath.Join(r.creds, "ca.crt")}, flags...)
+	if r.dataPath != "" {
+		all = append(all, "--data-path", r.dataPath)
+	}
+	node := r.client
+	if r.sameNode {
+		node = r.server
+		all = append(all, "--local-socket", filepath.Join(r.agent.ControlDir, session.LocalSocket))
+	}
 	all = append(append(all, "--", filepath.Join(r.clientBin, prog)), args...)
-	cmd := r.client.Command(simtest.Bin(t, "gpuwarden"), all...)
+	cmd := node.Command(simtest.Bin(t, "gpuwarden"), all...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "GPUWARDEN_REMOTE_TIMEOUT=2s"}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	return cmd
@@ -147,6 +170,27 @@ func remoteEntries(t *testing.T, agent *simtest.Agent) map[string]agentapi.Conta
 // back through `gpuwarden run`.
 func TestRemoteWorkloadRuns(t *testing.T) {
 	r := newRemoteRig(t, false)
+	for _, path := range dataPaths {
+		t.Run(path, func(t *testing.T) {
+			r.dataPath = path
+			testRemoteWorkloadRuns(t, r, path)
+		})
+	}
+	// On the GPU node itself: the worker's own socket, no TLS.
+	t.Run("same_node", func(t *testing.T) {
+		r.dataPath, r.sameNode = "", true
+		defer func() { r.sameNode = false }()
+		testRemoteWorkloadRuns(t, r, session.PathDirect+" on the same node")
+		simtest.Eventually(t, 10*time.Second, func() error { // the worker's last line comes as it exits
+			if l := r.agent.Log(); !strings.Contains(l, "local=true") || !strings.Contains(l, ", bulk ring") {
+				return fmt.Errorf("the server did not hand the session's worker socket over, or its copies took no ring:\n%s", l)
+			}
+			return nil
+		})
+	})
+}
+
+func testRemoteWorkloadRuns(t *testing.T, r *remoteRig, path string) {
 	p := r.run(t, "a", []string{"--memory", "0.5"}, "workload", "--alloc", "1Gi", "--seconds", "2",
 		"--kernels", "8", "--kernel-ns", "200000")
 	p.WaitLine(t, "ready", 20*time.Second)
@@ -170,6 +214,7 @@ func TestRemoteWorkloadRuns(t *testing.T) {
 	if !strings.Contains(out, "BENCH workload_steps_per_sec") {
 		t.Fatalf("remote workload printed no rate:\n%s", out)
 	}
+	wantPath(t, p, path)
 	// Exit statuses come back.
 	cmd := r.runCmd(t, "a", []string{"--memory", "1Gi"}, "workload", "--no-such-option")
 	if err := cmd.Run(); err == nil {
@@ -260,7 +305,16 @@ func TestRemoteSharing(t *testing.T) {
 // the timeout and it exits); the server comes back (a new session starts
 // at once).
 func TestRemoteFaults(t *testing.T) {
-	r := newRemoteRig(t, false)
+	for _, path := range dataPaths {
+		t.Run(path, func(t *testing.T) {
+			r := newRemoteRig(t, false)
+			r.dataPath = path
+			testRemoteFaults(t, r)
+		})
+	}
+}
+
+func testRemoteFaults(t *testing.T, r *remoteRig) {
 	p := r.run(t, "a", []string{"--memory", "0.5"}, "workload", "--alloc", "2Gi", "--seconds", "60",
 		"--kernels", "8", "--kernel-ns", "200000")
 	p.WaitLine(t, "ready", 20*time.Second)

@@ -153,6 +153,10 @@ func TestRemotePod(t *testing.T) {
 	if l := r.agent.Log(); !strings.Contains(l, "client=node/node-c pod=ml/infer-0/main") {
 		t.Errorf("the server's log does not name the session's node and pod:\n%s", l)
 	}
+	// The relay handed the session to the pod's client library.
+	if l := n.agent.Log(); !strings.Contains(l, "remote relay: session started") || !strings.Contains(l, "path=direct") {
+		t.Errorf("the relay did not hand the session over:\n%s", l)
+	}
 
 	// A process of another pod that reaches the socket gets nothing.
 	other := podCgroup(t, "remotepod", podUIDB)

@@ -105,8 +105,9 @@ func TestMalformed(t *testing.T) {
 }
 
 // TestCFuzzers builds the libFuzzer harnesses of the C environment parser,
-// the control-block checks, the remote protocol's frame decoder and the
-// /proc/self/cgroup parser, and runs them briefly.
+// the control-block checks, the remote protocol's frame decoder, the
+// /proc/self/cgroup parser and the TLS record reader, and runs them
+// briefly.
 func TestCFuzzers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fuzzing is not short")

@@ -143,6 +143,24 @@ func TestRemoteWorkload(t *testing.T) {
 	}
 }
 
+// TestRemoteBulkRing: a client straight on a worker's unix socket moves
+// bulk copies through the shared ring, byte for byte both ways (gw-remote
+// compares what comes back).
+func TestRemoteBulkRing(t *testing.T) {
+	m := simtest.NewMachine(t, 1, "8Gi")
+	w := startWorker(t, m, true, "GPUWARDEN_MEMORY_LIMIT=4Gi")
+	out, _ := output(t, w.remote(t, simtest.Bin(t, "interposer/gw-remote"), "bandwidth", "24"))
+	if !strings.Contains(out, "htod_mib_per_sec") || !strings.Contains(out, "dtoh_mib_per_sec") {
+		t.Fatalf("gw-remote bandwidth printed no rates:\n%s", out)
+	}
+	if err := w.wait(t, 10*time.Second); err != nil {
+		t.Fatalf("worker: %v; stderr:\n%s", err, w.errb)
+	}
+	if !strings.Contains(w.errb.String(), ", bulk ring") {
+		t.Errorf("the session did not take the bulk ring: %s", w.errb)
+	}
+}
+
 // remoteOnlyChecks are cuda-check's checks whose result differs remotely,
 // and why. Every other check must pass as it does locally.
 var remoteOnlyChecks = map[string]string{

@@ -11,7 +11,12 @@
  * which hands each to its caller by seq: a single-threaded program reads
  * its own reply, with no thread in between. When the socket ends, every
  * call, waiting ones included, fails at once with
- * CUDA_ERROR_DEVICE_UNAVAILABLE. */
+ * CUDA_ERROR_DEVICE_UNAVAILABLE.
+ *
+ * The socket GPUWARDEN_REMOTE names is the agent's. When the agent hands
+ * the session over (proto.h), frames go over the session's TLS connection
+ * instead (tls13.h), and the agent's socket stays open only so the agent
+ * sees this process go. */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <poll.h>
@@ -27,6 +32,8 @@
 #include <unistd.h>
 
 #include "client.h"
+#include "handover.h"
+#include "ring.h"
 
 #define GWR_BATCH (64u << 10)
 #define GWR_FLUSH_NS 200000L        /* a batch waits at most this long for company */
@@ -46,7 +53,9 @@ struct waiter {
 static struct {
     pthread_mutex_t mu; /* the session's state and the waiters */
     pthread_cond_t cv;  /* a reply arrived, or the session died */
-    int fd;
+    int fd;  /* the session: the agent's socket, or the handed-over connection */
+    int ctl; /* the agent's socket, once the session was handed over; else -1 */
+    struct gwr_tls *tls; /* the handed-over connection's records; NULL: plain frames on fd */
     int state; /* 0 not connected, 1 connected, 2 dead */
     int reading; /* a waiting call reads replies for all */
     struct waiter *waiters;
@@ -56,12 +65,17 @@ static struct {
     uint8_t batch[GWR_BATCH];
     size_t nbatch;
     uint64_t sent_ns; /* when the socket was last written, CLOCK_MONOTONIC */
+
+    pthread_mutex_t ring_mu; /* the ring's host-to-device slots */
+    struct gwr_ring ring;    /* base NULL: bulk data goes in frames */
 } S = {
     .mu = PTHREAD_MUTEX_INITIALIZER,
     .cv = PTHREAD_COND_INITIALIZER,
     .fd = -1,
+    .ctl = -1,
     .send_mu = PTHREAD_MUTEX_INITIALIZER,
     .send_cv = PTHREAD_COND_INITIALIZER,
+    .ring_mu = PTHREAD_MUTEX_INITIALIZER,
 };
 
 static _Atomic uint32_t g_seq;
@@ -97,10 +111,12 @@ static void wake_all_dead(void) {
     pthread_mutex_unlock(&S.mu);
 }
 
-static int read_full(int fd, void *dst, size_t n) {
+/* read_full reads n bytes of the session: tls's records if it was handed
+ * over, else fd's bytes. */
+static int read_full(int fd, struct gwr_tls *tls, void *dst, size_t n) {
     uint8_t *p = dst;
     while (n) {
-        ssize_t r = read(fd, p, n);
+        ssize_t r = tls ? gwr_tls_read(tls, p, n) : read(fd, p, n);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0) return -1;
         p += r, n -= (size_t)r;
@@ -110,7 +126,8 @@ static int read_full(int fd, void *dst, size_t n) {
 
 /* write_iov writes it all; MSG_NOSIGNAL: a dead worker is an error to
  * report, not a SIGPIPE that kills the program. */
-static int write_iov(int fd, struct iovec *v, int n) {
+static int write_iov(int fd, struct gwr_tls *tls, struct iovec *v, int n) {
+    if (tls) return gwr_tls_writev(tls, v, n);
     while (n) {
         struct msghdr m = {.msg_iov = v, .msg_iovlen = (size_t)n};
         ssize_t w = sendmsg(fd, &m, MSG_NOSIGNAL);
@@ -131,22 +148,35 @@ static struct waiter *find_waiter(uint32_t seq) {
 /* read_one reads one frame and hands it to its caller; -1: the session is
  * over. Bulk data is read straight into the caller's buffer: the waiter
  * stays registered, and its buffer valid, until it is marked done here. */
-static int read_one(int fd) {
+static int read_one(int fd, struct gwr_tls *tls) {
     static uint8_t scratch[GWR_MAX_PAYLOAD]; /* only the reading call uses it */
     uint8_t hb[GWR_HDR_SIZE];
     struct gwr_hdr h;
-    if (read_full(fd, hb, sizeof hb) || gwr_get_hdr(hb, &h)) return -1;
+    if (read_full(fd, tls, hb, sizeof hb) || gwr_get_hdr(hb, &h)) return -1;
     pthread_mutex_lock(&S.mu);
     struct waiter *w = find_waiter(h.seq);
     pthread_mutex_unlock(&S.mu);
     if (h.op == GWR_OP_DATA) {
         uint64_t off;
-        if (h.len < 8 || read_full(fd, &off, 8)) return -1;
+        if (h.len < 8 || read_full(fd, tls, &off, 8)) return -1;
         size_t n = h.len - 8;
         if (!w || off > w->nbulk || n > w->nbulk - off) return -1; /* data nobody asked for */
-        return read_full(fd, w->bulk + off, n);
+        return read_full(fd, tls, w->bulk + off, n);
     }
-    if (h.op != GWR_OP_REPLY || h.len < 4 || read_full(fd, scratch, h.len) || !w) return -1;
+    if (h.op == GWR_OP_DATA_RING) {
+        uint8_t f[16];
+        uint64_t off;
+        uint32_t slot, n;
+        if (h.len != sizeof f || read_full(fd, tls, f, sizeof f) || !S.ring.base) return -1;
+        memcpy(&off, f, 8), memcpy(&slot, f + 8, 4), memcpy(&n, f + 12, 4);
+        if (!w || slot < GWR_RING_DTOH || slot >= GWR_RING_SLOTS || n > GWR_CHUNK || off > w->nbulk ||
+            n > w->nbulk - off)
+            return -1;
+        memcpy(w->bulk + off, gwr_ring_slot(&S.ring, slot), n);
+        gwr_ring_emptied(&S.ring, slot);
+        return 0;
+    }
+    if (h.op != GWR_OP_REPLY || h.len < 4 || read_full(fd, tls, scratch, h.len) || !w) return -1;
     uint32_t res;
     memcpy(&res, scratch, 4);
     size_t n = h.len - 4;
@@ -169,7 +199,7 @@ static uint64_t mono_ns(void) {
 /* write_locked writes frames to the socket; send_mu is held. */
 static int write_locked(struct iovec *v, int n) {
     S.sent_ns = mono_ns();
-    return write_iov(S.fd, v, n);
+    return write_iov(S.fd, S.tls, v, n);
 }
 
 /* flush_locked writes the batch; send_mu is held. */
@@ -237,11 +267,16 @@ static void reset_after_fork(void) {
     /* The child shares the parent's socket but not its threads: it must
      * never touch that session; its next cuInit or call opens its own. */
     if (S.fd >= 0) close(S.fd);
+    if (S.ctl >= 0) close(S.ctl);
+    gwr_tls_free(S.tls);
+    gwr_ring_unmap(&S.ring);
+    pthread_mutex_init(&S.ring_mu, NULL);
     pthread_mutex_init(&S.mu, NULL);
     pthread_cond_init(&S.cv, NULL);
     pthread_mutex_init(&S.send_mu, NULL);
     pthread_cond_init(&S.send_cv, NULL);
-    S.fd = -1;
+    S.fd = S.ctl = -1;
+    S.tls = NULL;
     S.state = 0;
     S.waiters = NULL;
     S.reading = 0;
@@ -249,23 +284,127 @@ static void reset_after_fork(void) {
     gwr_alloc_forget_all();
 }
 
-static CUresult hello(int fd) {
+/* hello writes a hello frame on the session. */
+static CUresult hello(int fd, struct gwr_tls *tls, uint16_t flags) {
     uint8_t f[GWR_HDR_SIZE + 8];
-    struct gwr_hdr h = {.len = 8, .op = GWR_OP_HELLO, .flags = GWR_F_SYNC, .seq = 1};
+    struct gwr_hdr h = {.len = 8, .op = GWR_OP_HELLO, .flags = GWR_F_SYNC | flags, .seq = 1};
     gwr_put_hdr(f, &h);
     uint32_t body[2] = {GWR_MAGIC, GWR_VERSION};
     memcpy(f + GWR_HDR_SIZE, body, 8);
     struct iovec v = {f, sizeof f};
-    if (write_iov(fd, &v, 1)) return CUDA_ERROR_DEVICE_UNAVAILABLE;
-    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (write_iov(fd, tls, &v, 1)) return CUDA_ERROR_DEVICE_UNAVAILABLE;
+    return CUDA_SUCCESS;
+}
+
+/* hello_reply reads the answer to a hello: the worker's reply, or, on the
+ * agent's socket, the session handed over (*sock set, and *tls unless the
+ * socket is the worker's own; *handed set). */
+static CUresult hello_reply(int fd, struct gwr_tls **tls, int *sock, int *handed) {
+    struct pollfd p = {.fd = fd, .events = POLLIN}; /* nothing is buffered yet, even in *tls */
     if (poll(&p, 1, GWR_HELLO_TIMEOUT_MS) != 1) return CUDA_ERROR_DEVICE_UNAVAILABLE;
-    uint8_t r[GWR_HDR_SIZE + 8];
+    uint8_t r[GWR_HDR_SIZE + GWR_MAX_NAME];
     struct gwr_hdr rh;
-    if (read_full(fd, r, sizeof r) || gwr_get_hdr(r, &rh) || rh.op != GWR_OP_REPLY || rh.len != 8)
+    int passed = -1;
+    if (*tls ? read_full(fd, *tls, r, GWR_HDR_SIZE) : gwr_recv_hdr(fd, r, &passed)) return CUDA_ERROR_DEVICE_UNAVAILABLE;
+    if (gwr_get_hdr(r, &rh) || rh.len > sizeof r - GWR_HDR_SIZE || read_full(fd, *tls, r + GWR_HDR_SIZE, rh.len)) {
+        if (passed >= 0) close(passed);
         return CUDA_ERROR_DEVICE_UNAVAILABLE;
+    }
+    if (rh.op == GWR_OP_HANDOVER && !*handed) {
+        if (gwr_handover_take(&rh, r + GWR_HDR_SIZE, passed, tls)) {
+            fprintf(stderr, "gpuwarden: GPUWARDEN_REMOTE: the session cannot be taken over: %s\n", strerror(errno));
+            if (passed >= 0) close(passed);
+            return CUDA_ERROR_DEVICE_UNAVAILABLE;
+        }
+        *sock = passed;
+        *handed = 1;
+        return CUDA_SUCCESS;
+    }
+    if (passed >= 0) close(passed);
+    if (rh.op != GWR_OP_REPLY || rh.len != 8) return CUDA_ERROR_DEVICE_UNAVAILABLE;
     uint32_t res;
     memcpy(&res, r + GWR_HDR_SIZE, 4);
     return (CUresult)res;
+}
+
+/* handshake says hello on the agent's socket fd; if the agent hands the
+ * session over, again on the session's connection. */
+static CUresult handshake(int fd, int *sock, struct gwr_tls **tls) {
+    *sock = fd;
+    *tls = NULL;
+    int handed = 0;
+    CUresult rc = hello(fd, NULL, GWR_F_HANDOVER);
+    if (rc || (rc = hello_reply(fd, tls, sock, &handed)) || !handed) return rc;
+    if ((rc = hello(*sock, *tls, 0)) || (rc = hello_reply(*sock, tls, sock, &handed))) {
+        gwr_tls_free(*tls);
+        close(*sock);
+        *tls = NULL;
+        *sock = fd;
+    }
+    return rc;
+}
+
+/* offer_ring offers the worker a bulk ring (ring.h) on a plain socket:
+ * one straight to a worker on this machine takes it; through a relay the
+ * memfd is dropped on the way and the worker declines. */
+static void offer_ring(int fd) {
+    struct gwr_ring r;
+    int mfd = gwr_ring_create(&r);
+    if (mfd < 0) return;
+    uint8_t f[GWR_HDR_SIZE + 8];
+    struct gwr_hdr h = {.len = 8, .op = GWR_OP_RING, .flags = GWR_F_SYNC, .seq = 1};
+    gwr_put_hdr(f, &h);
+    gwr_encode(f + GWR_HDR_SIZE, 8, "ii", GWR_RING_SLOTS, GWR_CHUNK);
+    union {
+        struct cmsghdr c;
+        char b[CMSG_SPACE(sizeof(int))];
+    } ctl = {0};
+    struct iovec v = {f, sizeof f};
+    struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof ctl.b};
+    struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+    c->cmsg_level = SOL_SOCKET, c->cmsg_type = SCM_RIGHTS, c->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(c), &mfd, sizeof mfd);
+    uint8_t rep[GWR_HDR_SIZE + 4];
+    struct gwr_hdr rh;
+    uint32_t res = 1;
+    if (sendmsg(fd, &m, MSG_NOSIGNAL) == (ssize_t)sizeof f && !read_full(fd, NULL, rep, sizeof rep) &&
+        !gwr_get_hdr(rep, &rh) && rh.op == GWR_OP_REPLY && rh.len == 4)
+        memcpy(&res, rep + GWR_HDR_SIZE, 4);
+    close(mfd);
+    if (res == CUDA_SUCCESS) S.ring = r;
+    else gwr_ring_unmap(&r);
+}
+
+/* flush writes the batch now: a frame the worker needs before it can free
+ * a slot may be in it. */
+static void flush(void) {
+    pthread_mutex_lock(&S.send_mu);
+    int err = !gwr_dead() && flush_locked();
+    pthread_mutex_unlock(&S.send_mu);
+    if (err) kill_session();
+}
+
+CUresult gwr_htod(uint64_t dst, const void *src, size_t n) {
+    if (!S.ring.base) {
+        uint8_t b[8];
+        size_t k = gwr_encode(b, sizeof b, "q", dst);
+        return gwr_async(GWR_OP_HTOD, b, k, src, n);
+    }
+    pthread_mutex_lock(&S.ring_mu);
+    int slot = gwr_ring_take(&S.ring, GWR_RING_HTOD, 0);
+    if (slot < 0) flush();
+    while (slot < 0 && !gwr_dead()) slot = gwr_ring_take(&S.ring, GWR_RING_HTOD, 100);
+    if (slot < 0) {
+        pthread_mutex_unlock(&S.ring_mu);
+        return CUDA_ERROR_DEVICE_UNAVAILABLE;
+    }
+    memcpy(gwr_ring_slot(&S.ring, (uint32_t)slot), src, n);
+    gwr_ring_filled(&S.ring, (uint32_t)slot);
+    uint8_t b[16];
+    size_t k = gwr_encode(b, sizeof b, "qii", dst, (uint32_t)slot, (uint32_t)n);
+    CUresult rc = send_frame(GWR_OP_HTOD_RING, 0, 0, b, k, NULL, 0, 1); /* now: the worker copies while we fill */
+    pthread_mutex_unlock(&S.ring_mu);
+    return rc;
 }
 
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
@@ -310,7 +449,9 @@ CUresult gwr_connect(void) {
     int buf = GWR_SOCKET_BUFFER;
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
-    if ((rc = hello(fd))) {
+    int sock;
+    struct gwr_tls *tls;
+    if ((rc = handshake(fd, &sock, &tls))) {
         fprintf(stderr, "gpuwarden: GPUWARDEN_REMOTE: %s did not answer as a gpuwarden worker\n", path);
         close(fd);
         goto out;
@@ -319,11 +460,14 @@ CUresult gwr_connect(void) {
     pthread_attr_t at;
     pthread_attr_init(&at);
     pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
-    S.fd = fd;
+    if (!tls) offer_ring(sock);
+    S.fd = sock;
+    S.ctl = sock == fd ? -1 : fd;
+    S.tls = tls;
     S.state = 1;
     if (pthread_create(&t, &at, flusher, NULL)) {
         S.state = 2; /* a thread is missing: nothing could be answered */
-        shutdown(fd, SHUT_RDWR);
+        shutdown(sock, SHUT_RDWR);
         rc = CUDA_ERROR_OUT_OF_MEMORY;
     }
     pthread_attr_destroy(&at);
@@ -359,8 +503,9 @@ CUresult gwr_call(uint16_t op, const void *a, size_t na, const void *b, size_t n
         }
         S.reading = 1;
         int fd = S.fd;
+        struct gwr_tls *tls = S.tls;
         pthread_mutex_unlock(&S.mu);
-        if (read_one(fd)) {
+        if (read_one(fd, tls)) {
             kill_session();
             wake_all_dead();
         }

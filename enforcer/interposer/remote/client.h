@@ -50,6 +50,10 @@ CUresult gwr_async(uint16_t op, const void *a, size_t na, const void *b, size_t 
  * outputs (*nout their length); bulk gets GWR_OP_DATA frames. */
 CUresult gwr_call(uint16_t op, const void *a, size_t na, const void *b, size_t nb, void *out, size_t cap,
                   size_t *nout, void *bulk, size_t nbulk);
+/* gwr_htod sends one chunk (at most GWR_CHUNK) of a host-to-device copy:
+ * through the bulk ring where the worker took one, else in a frame; the
+ * caller may reuse src once it returns. */
+CUresult gwr_htod(uint64_t dst, const void *src, size_t n);
 int gwr_dead(void);      /* the session ended: every call fails */
 int gwr_connected(void); /* this process has a live session */
 

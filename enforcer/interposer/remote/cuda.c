@@ -586,8 +586,8 @@ GWR_EXPORT CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAcce
     return gwr_call(GWR_OP_MEM_SET_ACCESS, b, n, desc, count * sizeof *desc, NULL, 0, NULL, NULL, 0);
 }
 
-/* Host-to-device: the bytes go into the frames (the caller may reuse its
- * buffer at once), a chunk per frame. */
+/* Host-to-device: the bytes go into the frames or the bulk ring (the caller
+ * may reuse its buffer at once), a chunk at a time. */
 GWR_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, size_t ByteCount) {
     struct CUctx_st *c;
     CUresult rc = current(&c);
@@ -596,9 +596,7 @@ GWR_EXPORT CUresult cuMemcpyHtoD_v2(CUdeviceptr dstDevice, const void *srcHost, 
     if (!srcHost || !gwr_alloc_has(dstDevice, ByteCount)) return CUDA_ERROR_INVALID_VALUE;
     for (size_t off = 0; off < ByteCount; off += GWR_CHUNK) {
         size_t k = ByteCount - off < GWR_CHUNK ? ByteCount - off : GWR_CHUNK;
-        uint8_t b[8];
-        size_t n = gwr_encode(b, sizeof b, "q", Q(dstDevice + off));
-        if ((rc = gwr_async(GWR_OP_HTOD, b, n, (const uint8_t *)srcHost + off, k))) return rc;
+        if ((rc = gwr_htod(Q(dstDevice + off), (const uint8_t *)srcHost + off, k))) return rc;
     }
     return CUDA_SUCCESS;
 }

@@ -31,7 +31,7 @@ int gwr_get_hdr(const uint8_t in[GWR_HDR_SIZE], struct gwr_hdr *h) {
     memcpy(&h->seq, in + 8, 4);
     memcpy(&zero, in + 12, 4);
     memcpy(&h->ctx, in + 16, 8);
-    if (h->len > GWR_MAX_PAYLOAD || zero || (h->flags & ~GWR_F_SYNC) || !gwr_format(h->op)) return -1;
+    if (h->len > GWR_MAX_PAYLOAD || zero || (h->flags & ~(GWR_F_SYNC | GWR_F_HANDOVER)) || !gwr_format(h->op)) return -1;
     return 0;
 }
 

@@ -17,7 +17,18 @@
  * 's' the rest as a string (no NUL, at most GWR_MAX_NAME bytes).
  *
  * The client's first frame is GWR_OP_HELLO {i magic, i version}; the worker
- * answers with a reply {i version} or closes the connection. */
+ * answers with a reply {i version} or closes the connection.
+ *
+ * Handing over: the agent that serves the client's socket reads its hello
+ * first. If it carries GWR_F_HANDOVER and the session is admitted on the
+ * direct path, the agent answers with GWR_OP_HANDOVER instead, the
+ * session's TCP socket attached (SCM_RIGHTS), and the server's agent sends
+ * the same frame to the worker as the first on its socket. Both ends then
+ * carry on the session's TLS 1.3 connection themselves (tls13.h): the
+ * client says hello again over it, and the agents' sockets stay open only
+ * as their handle on the session. The payload is {u32 suite, u64 write
+ * seq, u64 read seq, 32-byte write secret, 32-byte read secret}, the
+ * receiver's own view. */
 #ifndef GPUWARDEN_REMOTE_PROTO_H
 #define GPUWARDEN_REMOTE_PROTO_H
 
@@ -47,6 +58,7 @@
 #define GWR_SOCKET_BUFFER (4 << 20) /* asked of both ends (capped by net.core.wmem_max): bulk copies stream */
 
 #define GWR_F_SYNC 0x1u
+#define GWR_F_HANDOVER 0x2u /* on the client's hello: it takes a handed-over connection */
 
 /* A reply's payload: {i result, then the op's outputs}. A reply to a
  * synchronizing op (GWR_F_SYNCPOINT in gwr_op_flags) carries the first
@@ -58,6 +70,8 @@
     X(HELLO, 1, "ii")                                                                              \
     X(REPLY, 2, "ib")            /* worker: {i result, b outputs} */                               \
     X(DATA, 3, "qb")             /* worker: {q offset, b bytes} of a reply's bulk data */          \
+    X(HANDOVER, 4, "iqqb")       /* agent: {suite, write seq, read seq, b secrets}, a socket attached */ \
+    X(DATA_RING, 5, "qii")       /* worker: {offset, ring slot, bytes} of a reply's bulk data (ring.h) */ \
     X(INIT, 10, "i")                                                                               \
     X(DEVICE_GET, 11, "i")       /* -> i device */                                                 \
     X(DEVICE_COUNT, 12, "")      /* -> i count */                                                  \
@@ -90,6 +104,7 @@
     X(HTOD, 46, "qb")            /* {dst, b bytes}: one chunk */                                   \
     X(DTOH, 47, "qq")            /* {src, bytes} -> DATA frames, then the reply */                 \
     X(MEMSET8, 48, "qqi")        /* {dst, count, value} */                                         \
+    X(RING, 49, "ii")            /* {slots, slot bytes}, a sealed memfd attached (ring.h) */       \
     X(MODULE_LOAD, 50, "qhq")    /* {module handle, image hash, image size} */                     \
     X(IMAGE_CHUNK, 51, "hqqb")   /* {image hash, image size, offset, b bytes} */                   \
     X(MODULE_FUNCTION, 52, "qqs") /* {function handle, module handle, name} */                     \
@@ -98,6 +113,7 @@
     X(LAUNCH, 55, "qqiiiiiiiiiib")                                                                 \
     /* {function, stream, grid x3, block x3, shared mem, kind, attrs, has params,                  \
         b attrs (attrs x GWR_ATTR_SIZE) then the packed parameter buffer} */                       \
+    X(HTOD_RING, 56, "qii")      /* {dst, ring slot, bytes}: one chunk (ring.h) */                 \
     X(STREAM_CREATE, 60, "qi")   /* {stream handle, flags} */                                      \
     X(STREAM_DESTROY, 61, "q")                                                                     \
     X(STREAM_SYNC, 62, "q")                                                                        \

@@ -13,12 +13,18 @@
  * writes complete as the worker reads. Exit status: 0 when the peer closes,
  * 1 on a protocol error.
  *
+ * With --fd, the socket is the agent's: its first frame may hand the
+ * session's own connection over (proto.h), and the worker then serves that
+ * connection's TLS records, and ends the session when the agent's socket
+ * closes (the agent ended it, or is gone).
+ *
  * GPUWARDEN_MODULE_CACHE=DIR keeps module images by content hash, so a
  * reconnecting or second client need not send them again. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -31,12 +37,17 @@
 #include <unistd.h>
 
 #include "cuda.h"
+#include "handover.h"
 #include "nvml.h"
 #include "proto.h"
+#include "ring.h"
 
 #define PROTO_ERROR ((CUresult)-1)
 
 static int g_fd = -1;
+static struct gwr_tls *g_tls; /* the handed-over connection's records; NULL: plain frames on g_fd */
+static struct gwr_ring g_ring; /* the client's bulk ring, on a unix socket straight from it */
+static int g_passed = -1;      /* the last descriptor the client passed (its ring's memfd) */
 static struct {
     unsigned long long frames, images_received, images_cached, bytes_in;
 } g_stats;
@@ -145,18 +156,37 @@ static struct {
     size_t at, end;
 } g_in;
 
+/* read_some reads the session; on a plain socket a descriptor passed with
+ * the bytes is kept (one at a time) for the frame that names it. */
+static ssize_t read_some(void *dst, size_t n) {
+    if (g_tls) return gwr_tls_read(g_tls, dst, n);
+    union {
+        struct cmsghdr c;
+        char b[CMSG_SPACE(sizeof(int))];
+    } ctl;
+    struct iovec v = {dst, n};
+    struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = ctl.b, .msg_controllen = sizeof ctl.b};
+    ssize_t r = recvmsg(g_fd, &m, MSG_CMSG_CLOEXEC);
+    for (struct cmsghdr *c = r > 0 ? CMSG_FIRSTHDR(&m) : NULL; c; c = CMSG_NXTHDR(&m, c))
+        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS && c->cmsg_len == CMSG_LEN(sizeof(int))) {
+            if (g_passed >= 0) close(g_passed);
+            memcpy(&g_passed, CMSG_DATA(c), sizeof g_passed);
+        }
+    return r;
+}
+
 static int read_full(void *dst, size_t n) {
     uint8_t *p = dst;
     while (n) {
         if (g_in.at == g_in.end) {
             if (n >= sizeof g_in.buf / 2) { /* bulk: straight into place */
-                ssize_t r = read(g_fd, p, n);
+                ssize_t r = read_some(p, n);
                 if (r < 0 && errno == EINTR) continue;
                 if (r <= 0) return r == 0 ? 0 : -1;
                 p += r, n -= (size_t)r;
                 continue;
             }
-            ssize_t r = read(g_fd, g_in.buf, sizeof g_in.buf);
+            ssize_t r = read_some(g_in.buf, sizeof g_in.buf);
             if (r < 0 && errno == EINTR) continue;
             if (r <= 0) return r == 0 ? 0 : -1;
             g_in.at = 0;
@@ -170,6 +200,7 @@ static int read_full(void *dst, size_t n) {
 }
 
 static int write_all(const struct iovec *iov, int n) {
+    if (g_tls) return gwr_tls_writev(g_tls, iov, n);
     struct iovec v[4];
     memcpy(v, iov, (size_t)n * sizeof *v);
     struct iovec *p = v;
@@ -607,16 +638,48 @@ static nvmlReturn_t nvml_call(const struct gwr_req *r) {
 /* ------------------------------------------------------------------------ */
 /* The dispatcher                                                            */
 
+/* dtoh streams a copy back in chunks: through the ring where there is one
+ * (the client empties a slot while the next fills), else in DATA frames.
+ * A slot the client has not emptied within a second is not waited for. */
 static CUresult dtoh(const struct gwr_req *r) {
     static uint8_t buf[GWR_CHUNK];
     uint64_t src = r->q[0], n = r->q[1];
     for (uint64_t off = 0; off < n; off += GWR_CHUNK) {
         size_t k = n - off < GWR_CHUNK ? (size_t)(n - off) : GWR_CHUNK;
-        CUresult rc = cuMemcpyDtoH_v2(buf, (CUdeviceptr)(src + off), k);
+        int slot = g_ring.base ? gwr_ring_take(&g_ring, GWR_RING_DTOH, 1000) : -1;
+        CUresult rc = cuMemcpyDtoH_v2(slot < 0 ? buf : gwr_ring_slot(&g_ring, (uint32_t)slot), (CUdeviceptr)(src + off), k);
         if (rc) return rc;
-        if (send_frame(GWR_OP_DATA, r->h.seq, &off, sizeof off, buf, k)) return PROTO_ERROR;
+        if (slot >= 0) {
+            gwr_ring_filled(&g_ring, (uint32_t)slot);
+            uint8_t f[16];
+            gwr_encode(f, sizeof f, "qii", off, (uint32_t)slot, (uint32_t)k);
+            if (send_frame(GWR_OP_DATA_RING, r->h.seq, f, sizeof f, NULL, 0)) return PROTO_ERROR;
+        } else if (send_frame(GWR_OP_DATA, r->h.seq, &off, sizeof off, buf, k)) {
+            return PROTO_ERROR;
+        }
     }
     return CUDA_SUCCESS;
+}
+
+/* ring maps the memfd the client passed with its GWR_OP_RING frame. */
+static CUresult ring(const struct gwr_req *r) {
+    int fd = g_passed;
+    g_passed = -1;
+    CUresult rc = CUDA_ERROR_NOT_SUPPORTED; /* a relay between (no descriptor), or not a ring */
+    if (fd >= 0 && !g_ring.base && r->i[0] == GWR_RING_SLOTS && r->i[1] == GWR_CHUNK && gwr_ring_map(&g_ring, fd) == 0)
+        rc = CUDA_SUCCESS;
+    if (fd >= 0) close(fd);
+    return rc;
+}
+
+/* htod_ring copies a chunk the client put in its slot, and empties it. */
+static CUresult htod_ring(const struct gwr_req *r) {
+    uint32_t slot = r->i[0], n = r->i[1];
+    if (!g_ring.base || slot >= GWR_RING_DTOH || n > GWR_CHUNK) return CUDA_ERROR_INVALID_VALUE;
+    g_stats.bytes_in += n;
+    CUresult rc = cuMemcpyHtoD_v2(r->q[0], gwr_ring_slot(&g_ring, slot), n);
+    gwr_ring_emptied(&g_ring, slot);
+    return rc;
 }
 
 static CUresult prop_of(const struct gwr_req *r, size_t size, void *out) {
@@ -823,6 +886,8 @@ static CUresult handle(const struct gwr_req *r) {
     }
     case GWR_OP_HTOD: g_stats.bytes_in += r->ndata; return cuMemcpyHtoD_v2(q[0], r->data, r->ndata);
     case GWR_OP_DTOH: return dtoh(r);
+    case GWR_OP_RING: return ring(r);
+    case GWR_OP_HTOD_RING: return htod_ring(r);
     case GWR_OP_MEMSET8: return cuMemsetD8_v2(q[0], (unsigned char)i[0], q[1]);
     case GWR_OP_MODULE_LOAD: return module_load(r);
     case GWR_OP_IMAGE_CHUNK: return image_chunk(r);
@@ -1004,12 +1069,51 @@ static int listen_once(const char *path) {
     return c;
 }
 
+/* watch_agent ends the session when the agent's socket closes: the
+ * session's reads then see its end. */
+static void *watch_agent(void *arg) {
+    int ctl = (int)(intptr_t)arg;
+    char b[64];
+    for (;;) {
+        ssize_t r = read(ctl, b, sizeof b);
+        if (r == 0 || (r < 0 && errno != EINTR)) break;
+    }
+    shutdown(g_fd, SHUT_RDWR);
+    return NULL;
+}
+
+/* take_over reads the agent's first frame: a handover switches g_fd to the
+ * session's connection; anything else is the client's, left to serve. */
+static void take_over(void) {
+    static uint8_t payload[256];
+    uint8_t hdr[GWR_HDR_SIZE];
+    struct gwr_hdr h;
+    int fd;
+    if (gwr_recv_hdr(g_fd, hdr, &fd)) exit(0); /* closed before anything came */
+    if (gwr_get_hdr(hdr, &h) || h.op != GWR_OP_HANDOVER) {
+        if (fd >= 0) die("protocol error: a socket came with frame op %u", h.op);
+        memcpy(g_in.buf, hdr, sizeof hdr);
+        g_in.at = 0, g_in.end = sizeof hdr;
+        return;
+    }
+    if (h.len > sizeof payload || read_full(payload, h.len) <= 0) die("protocol error: a short handover frame");
+    struct gwr_tls *t;
+    if (gwr_handover_take(&h, payload, fd, &t) || !t) die("the session cannot be taken over: %s", strerror(errno));
+    int ctl = g_fd;
+    g_fd = fd;
+    g_tls = t;
+    pthread_t w;
+    if (pthread_create(&w, NULL, watch_agent, (void *)(intptr_t)ctl)) die("no thread to watch the agent's socket");
+    pthread_detach(w);
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--fd")) {
         char *end;
         long fd = strtol(argv[2], &end, 10);
         if (*end || fd < 0 || fd > 1 << 20 || fcntl((int)fd, F_GETFD) < 0) die("--fd %s: not an open descriptor", argv[2]);
         g_fd = (int)fd;
+        take_over();
     } else if (argc == 3 && !strcmp(argv[1], "--listen")) {
         g_fd = listen_once(argv[2]);
     } else {
@@ -1021,7 +1125,8 @@ int main(int argc, char **argv) {
     setsockopt(g_fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
     setsockopt(g_fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
     int rc = serve();
-    fprintf(stderr, "gpuwarden-worker: session ended: %llu frames, %llu images received, %llu images from cache\n",
-            g_stats.frames, g_stats.images_received, g_stats.images_cached);
+    fprintf(stderr, "gpuwarden-worker: session ended: %llu frames, %llu images received, %llu images from cache, %s\n",
+            g_stats.frames, g_stats.images_received, g_stats.images_cached,
+            g_tls ? "over TLS" : g_ring.base ? "bulk ring" : "plain");
     return rc;
 }

@@ -28,6 +28,13 @@ type Dialer struct {
 	Addr    string // host:port
 	TLS     *tls.Config
 	Timeout time.Duration // connect, and the link's liveness
+	// Relayed keeps every session's data on the relayed path
+	// (remote.dataPath relayed): never handed to the client library.
+	Relayed bool
+	// Local, if set, is the server's local socket (the server is this
+	// node's own agent): dialled instead of Addr, and a direct session
+	// over it gets the worker's own socket.
+	Local string
 }
 
 // NewDialer is a dialer to server ("host", "host:port", "[v6]:port"; the
@@ -73,9 +80,13 @@ func (d *Dialer) dial(ctx context.Context) (*link.Conn, error) {
 	ctx, cancel := context.WithTimeout(ctx, d.Timeout)
 	defer cancel()
 	nd := &net.Dialer{KeepAlive: -1}
-	c, err := (&tls.Dialer{NetDialer: nd, Config: d.TLS}).DialContext(ctx, "tcp", d.Addr)
+	network, addr := "tcp", d.Addr
+	if d.Local != "" {
+		network, addr = "unix", d.Local
+	}
+	c, err := (&tls.Dialer{NetDialer: nd, Config: d.TLS}).DialContext(ctx, network, addr)
 	if err != nil {
-		return nil, fmt.Errorf("connect to %s: %w", d.Addr, err)
+		return nil, fmt.Errorf("connect to %s: %w", addr, err)
 	}
 	link.Buffered(c.(*tls.Conn).NetConn())
 	return link.New(c, d.Timeout), nil

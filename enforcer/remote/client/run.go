@@ -32,16 +32,17 @@ func Serve(lis net.Listener, d *Dialer, req session.Request, report func(format 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			defer c.Close() // on a refusal, the client library fails its calls
 			link.Buffered(c)
-			l, w, err := d.Open(context.Background(), req)
+			a, err := d.Attach(context.Background(), c.(*net.UnixConn), req)
 			if err != nil {
 				report("%v", err)
-				c.Close() // the client library fails its calls
 				return
 			}
-			report("session %s on %s (%s), %d MiB, weight %d, priority %s", w.Session, w.GPU, w.Name,
-				w.MemoryBytes>>20, w.Weight, w.Priority)
-			if err := l.Relay(c); err != nil {
+			w := a.Welcome
+			report("session %s on %s (%s), %d MiB, weight %d, priority %s, %s", w.Session, w.GPU, w.Name,
+				w.MemoryBytes>>20, w.Weight, w.Priority, a.Path())
+			if err := a.Wait(); err != nil {
 				report("session %s ended: %v", w.Session, err)
 			}
 		}()

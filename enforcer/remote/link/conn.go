@@ -1,6 +1,7 @@
 package link
 
 import (
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -90,6 +91,24 @@ func (c *Conn) Expect(want Type) ([]byte, error) {
 
 // Close closes the underlying connection.
 func (c *Conn) Close() error { return c.c.Close() }
+
+// SendData sends relayed bytes read before the link began relaying (the
+// client library's hello).
+func (c *Conn) SendData(p []byte) error { return c.Send(Data, p) }
+
+// Detach gives up the link's TLS connection, for the endpoints to carry
+// the session themselves: nothing may be buffered past the last frame
+// read, or it would be lost.
+func (c *Conn) Detach() (*tls.Conn, error) {
+	tc, ok := c.c.(*tls.Conn)
+	if !ok {
+		return nil, errors.New("the link is not a TLS connection")
+	}
+	if c.r.w != c.r.r {
+		return nil, fmt.Errorf("%d bytes arrived past the last frame", c.r.w-c.r.r)
+	}
+	return tc, nil
+}
 
 // SocketBuffer is the kernel buffer each relayed socket asks for, each
 // way: bulk copies move megabytes, and a relay that wakes for every 200

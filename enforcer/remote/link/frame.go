@@ -25,6 +25,9 @@ const (
 	Data    Type = 'D' // the driver protocol's bytes
 	Ping    Type = 'P' // liveness; answered with Pong
 	Pong    Type = 'O'
+	// Take: the client takes a same-node session's worker socket, which
+	// the server then sends outside TLS (after Welcome's Local).
+	Take Type = 'T'
 )
 
 // MaxPayload bounds a frame: a relay never buffers more than this.
@@ -36,7 +39,7 @@ const headerLen = 5
 
 func (t Type) valid() bool {
 	switch t {
-	case Hello, Welcome, List, GPUs, Data, Ping, Pong:
+	case Hello, Welcome, List, GPUs, Data, Ping, Pong, Take:
 		return true
 	}
 	return false

@@ -35,7 +35,12 @@ type Config struct {
 	Identify func(ctx context.Context, dir, cgroupPath string) (session.Workload, error)
 	// Dialer is the dialer of a configured server.
 	Dialer func(server string) (*client.Dialer, bool)
-	Log    *slog.Logger
+	// Relayed keeps every session relayed (remote.dataPath relayed).
+	Relayed bool
+	// Local is the local socket of server when it is this node's own
+	// agent, else "": its sessions then skip TLS and the network.
+	Local func(server string) string
+	Log   *slog.Logger
 }
 
 // Relay serves the allocations' sockets until Close.
@@ -192,6 +197,13 @@ func (r *Relay) serve(dir string, lis net.Listener) {
 	}
 }
 
+func (r *Relay) local(server string) string {
+	if r.cfg.Local == nil {
+		return ""
+	}
+	return r.cfg.Local(server)
+}
+
 // handle identifies the peer, opens its session with the allocation's
 // grant and relays until either end goes. A refused connection is closed:
 // the client library's calls then fail at once.
@@ -221,15 +233,22 @@ func (r *Relay) handle(dir string, c *net.UnixConn) {
 		log.Warn("remote relay: the grant's server is not configured", "server", g.Server)
 		return
 	}
+	if local := r.local(g.Server); (r.cfg.Relayed && !d.Relayed) || local != "" {
+		own := *d
+		own.Relayed = own.Relayed || r.cfg.Relayed
+		own.Local = local
+		d = &own
+	}
 	link.Buffered(c)
-	l, w, err := d.Open(context.Background(), session.Request{MemoryBytes: g.MemoryBytes,
+	a, err := d.Attach(context.Background(), c, session.Request{MemoryBytes: g.MemoryBytes,
 		Weight: int(g.Weight), Priority: g.Priority, GPU: g.GPU, For: &who})
 	if err != nil {
 		log.Warn("remote relay: session refused", "server", g.Server, "err", err)
 		return
 	}
+	w := a.Welcome
 	log.Info("remote relay: session started", "server", g.Server, "session", w.Session, "gpu", w.GPU, "memory", w.MemoryBytes,
-		"weight", w.Weight)
-	err = l.Relay(c)
+		"weight", w.Weight, "path", a.Path())
+	err = a.Wait()
 	log.Info("remote relay: session ended", "session", w.Session, "why", fmt.Sprint(err))
 }

@@ -13,7 +13,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"path"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -21,6 +23,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/enforcer/connlimit"
 	"github.com/gpuwarden/gpuwarden/enforcer/ratelog"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/admission"
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/handover"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/link"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/pki"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
@@ -53,20 +56,28 @@ type Config struct {
 	// Limits caps the open connections, sessions and handshakes
 	// together (zero: no cap).
 	Limits connlimit.Limits
+	// Relayed keeps every session's data on the relayed path
+	// (remote.dataPath relayed): never handed to the worker.
+	Relayed bool
+	// LocalSocket, if set, is a unix socket served as the TCP listener
+	// is (mutual TLS, the same admission) for clients on this node: a
+	// direct session over it gets its worker's own socket.
+	LocalSocket string
 }
 
 // Server serves remote sessions until Close.
 type Server struct {
 	cfg     Config
 	lis     net.Listener
+	local   net.Listener // on LocalSocket; nil: none
 	limited *connlimit.Listener
 	// refusedHandshakes logs failed handshakes, which anyone can cause.
 	refusedHandshakes *ratelog.Logger
 	acceptErrors      *ratelog.Logger
 
 	mu       sync.Mutex
-	sessions map[string]*active // by cgroup path
-	conns    map[net.Conn]bool
+	sessions map[string]*active  // by cgroup path
+	conns    map[net.Conn]func() // each connection's end: a handed-over one's ends its session
 	closed   bool
 	next     uint64
 	wg       sync.WaitGroup
@@ -100,10 +111,42 @@ func Start(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, lis: tls.NewListener(limited, cfg.TLS), limited: limited,
 		refusedHandshakes: ratelog.New(cfg.Log, slog.LevelWarn, "remote: TLS handshake refused", time.Second),
 		acceptErrors:      ratelog.New(cfg.Log, slog.LevelError, "remote: accept failed", time.Second),
-		sessions:          map[string]*active{}, conns: map[net.Conn]bool{}, next: uint64(time.Now().UnixNano())}
+		sessions:          map[string]*active{}, conns: map[net.Conn]func(){}, next: uint64(time.Now().UnixNano())}
+	if cfg.LocalSocket != "" {
+		local, err := listenLocal(cfg.LocalSocket)
+		if err != nil {
+			limited.Close()
+			return nil, err
+		}
+		s.local = tls.NewListener(local, cfg.TLS)
+		s.wg.Add(1)
+		go s.serve(s.local)
+	}
 	s.wg.Add(1)
-	go s.serve()
+	go s.serve(s.lis)
 	return s, nil
+}
+
+// listenLocal listens on path, a socket any local user may connect to:
+// TLS decides who gets a session, as on the TCP port.
+func listenLocal(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("local socket's directory: %w", err)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("remove the old local socket: %w", err)
+	}
+	lis, err := net.Listen("unix", path)
+	if err == nil {
+		err = os.Chmod(path, 0o666)
+	}
+	if err != nil {
+		if lis != nil {
+			lis.Close()
+		}
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	return lis, nil
 }
 
 // Addr is the listener's address.
@@ -115,10 +158,13 @@ func (s *Server) Refused() uint64 { return s.limited.Refused() }
 // Close stops listening and ends every session (their workers killed).
 func (s *Server) Close() error {
 	err := s.lis.Close()
+	if s.local != nil {
+		s.local.Close()
+	}
 	s.mu.Lock()
 	s.closed = true
-	for c := range s.conns {
-		c.Close()
+	for _, end := range s.conns {
+		end()
 	}
 	s.mu.Unlock()
 	s.wg.Wait()
@@ -137,11 +183,11 @@ func (s *Server) Label(cgroupPath string) (pki.Identity, bool) {
 	return a.id, true
 }
 
-func (s *Server) serve() {
+func (s *Server) serve(lis net.Listener) {
 	defer s.wg.Done()
 	pause := time.Duration(0)
 	for {
-		c, err := s.lis.Accept()
+		c, err := lis.Accept()
 		if errors.Is(err, net.ErrClosed) {
 			return
 		}
@@ -161,13 +207,13 @@ func (s *Server) serve() {
 			c.Close()
 			return
 		}
-		s.conns[c] = true
+		s.conns[c] = func() { c.Close() }
 		s.wg.Add(1)
 		s.mu.Unlock()
 		go func() {
 			defer s.wg.Done()
 			tc := c.(*tls.Conn)
-			link.Buffered(tc.NetConn())
+			link.Buffered(tc.NetConn()) // a unix socket's too: the worker's bulk frames stream through it
 			s.handle(tc)
 			s.mu.Lock()
 			delete(s.conns, c)
@@ -217,7 +263,7 @@ func (s *Server) handle(c *tls.Conn) {
 		if peer.Node != "" {
 			log = log.With("pod", id.String()) // the client is the node that relays it
 		}
-		s.session(l, id, req, log)
+		s.session(c, l, id, req, log)
 	default:
 		log.Warn("remote: unexpected first frame", "type", t.String())
 	}
@@ -292,9 +338,10 @@ func (s *Server) list() session.GPUList {
 	return out
 }
 
-// session places the request, starts its worker, answers, and relays
-// until the client or the worker goes.
-func (s *Server) session(l *link.Conn, id pki.Identity, req session.Request, log *slog.Logger) {
+// session places the request, starts its worker, answers, and hands the
+// connection to the worker or relays it, until the client or the worker
+// goes.
+func (s *Server) session(c *tls.Conn, l *link.Conn, id pki.Identity, req session.Request, log *slog.Logger) {
 	refuse := func(err error) {
 		log.Info("remote: session refused", "err", err)
 		s.answer(l, link.Welcome, session.Welcome{Error: err.Error()})
@@ -343,7 +390,13 @@ func (s *Server) session(l *link.Conn, id pki.Identity, req session.Request, log
 	}()
 
 	w := session.Welcome{Session: name, GPU: placed.Device.UUID, Name: placed.Device.Name,
-		MemoryBytes: placed.MemoryBytes, Weight: v.Weight, Priority: vocab.PriorityName(v.High)}
+		MemoryBytes: placed.MemoryBytes, Weight: v.Weight, Priority: vocab.PriorityName(v.High),
+	}
+	if _, local := c.NetConn().(*net.UnixConn); local {
+		w.Local = req.Direct && !s.cfg.Relayed
+	} else {
+		w.Direct = req.Direct && !s.cfg.Relayed && handover.Supported() && c.ConnectionState().CipherSuite == handover.Suite
+	}
 	log = log.With("session", name, "gpu", w.GPU)
 	proc, err := s.cfg.Worker.start(name, w, log)
 	if err != nil {
@@ -357,11 +410,88 @@ func (s *Server) session(l *link.Conn, id pki.Identity, req session.Request, log
 		return
 	}
 	log.Info("remote: session started", "memory", w.MemoryBytes, "weight", w.Weight, "priority", w.Priority,
-		"cgroup", a.cgroup)
+		"cgroup", a.cgroup, "direct", w.Direct, "local", w.Local)
 	start := time.Now()
-	err = l.Relay(proc.sock)
+	switch {
+	case w.Direct:
+		err = s.handOver(c, l, proc)
+	case w.Local:
+		err = s.handOverLocal(c, l, proc)
+	default:
+		err = l.Relay(proc.sock)
+	}
 	log.Info("remote: session ended", "after", time.Since(start).Round(time.Millisecond), "why", reason(err))
 }
+
+// handOver passes the session's socket and TLS state to its worker and
+// waits for the worker to exit. The server keeps a copy of the socket and
+// the worker's own socket: closing the latter (the server closing, or the
+// agent gone) makes the worker end the session.
+func (s *Server) handOver(c net.Conn, l *link.Conn, p *proc) error {
+	tc, err := l.Detach()
+	if err != nil {
+		return err
+	}
+	st, f, err := handover.Take(tc, s.cfg.Timeout)
+	if err == nil {
+		err = handover.Send(p.sock.(*net.UnixConn), st, f)
+		f.Close()
+	}
+	if err != nil {
+		handover.End(tc)
+		return err
+	}
+	if !s.keep(c, func() { handover.End(tc); p.sock.Close() }) {
+		handover.End(tc)
+		return errors.New("the server is shutting down")
+	}
+	<-p.done
+	handover.End(tc)
+	return nil
+}
+
+// handOverLocal gives a same-node client the worker's own socket, once it
+// asks (after Welcome, so that nothing of it is read by TLS), and waits
+// for the worker to exit. The server keeps no copy (the worker must see
+// the client's end); it ends the session by killing the worker.
+func (s *Server) handOverLocal(c net.Conn, l *link.Conn, p *proc) error {
+	if _, err := l.Expect(link.Take); err != nil {
+		return err
+	}
+	tc, err := l.Detach()
+	if err != nil {
+		return err
+	}
+	f, err := p.sock.(*net.UnixConn).File()
+	if err == nil {
+		err = handover.PassSocket(tc.NetConn().(*net.UnixConn), f)
+		f.Close()
+	}
+	p.sock.Close()
+	if err != nil {
+		return err
+	}
+	end := func() { p.killed.Store(true); _ = p.cmd.Process.Kill() }
+	if !s.keep(c, end) {
+		end()
+		return errors.New("the server is shutting down")
+	}
+	<-p.done
+	return nil
+}
+
+// keep records how to end a handed-over session when the server closes;
+// false: it is closing already.
+func (s *Server) keep(c net.Conn, end func()) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.conns[c] = end
+	return true
+}
+
 
 // heldLocked is how many sessions client id holds.
 func (s *Server) heldLocked(id pki.Identity) int {

@@ -32,6 +32,32 @@ type Request struct {
 	// believes it only from a node's certificate; a workload's
 	// certificate names itself, and may only repeat that name here.
 	For *Workload `json:"for,omitempty"`
+	// Direct asks for the session's connection to be handed to the client
+	// library once admitted: the data path then has no relay.
+	Direct bool `json:"direct,omitempty"`
+}
+
+// Data paths (remote.dataPath): a session's bytes go straight between the
+// client library and the worker once admitted, or through both agents.
+const (
+	PathDirect  = "direct"
+	PathRelayed = "relayed"
+)
+
+// LocalSocket is the GPU node agent's socket for clients on the same node,
+// in its control directory.
+const LocalSocket = "remote.sock"
+
+// ParseDataPath reads remote.dataPath: whether sessions are forced onto
+// the relayed path.
+func ParseDataPath(s string) (relayed bool, err error) {
+	switch s {
+	case PathDirect:
+		return false, nil
+	case PathRelayed:
+		return true, nil
+	}
+	return false, fmt.Errorf("data path %q: want %s or %s", s, PathDirect, PathRelayed)
 }
 
 // Workload names one container of a pod.
@@ -51,6 +77,13 @@ type Welcome struct {
 	MemoryBytes uint64 `json:"memoryBytes,omitempty"`
 	Weight      int    `json:"weight,omitempty"`
 	Priority    string `json:"priority,omitempty"`
+	// Direct: the server hands its end to the session's worker, and the
+	// client hands its end to the client library.
+	Direct bool `json:"direct,omitempty"`
+	// Local: the session came over the server's local socket (the client
+	// is on the same node) and the client takes the worker's own socket:
+	// no TLS and no network on the data path.
+	Local bool `json:"local,omitempty"`
 }
 
 // GPU is one of the server's GPUs as a list answer shows it.

@@ -53,14 +53,23 @@ func (a *Agent) remoteServer(cgroupFS, node string) (*server.Server, error) {
 		return filepath.Join(filepath.Dir(exe), name)
 	}
 	rules := admission.Rules{SessionsPerClient: r.MaxSessionsPerClient, HighPriority: r.HighPriority}
+	relayed, err := session.ParseDataPath(r.DataPath)
+	if err != nil {
+		return nil, err
+	}
 	return server.Start(server.Config{
-		Listen: r.Listen, TLS: tlsConf, Timeout: r.Timeout, Node: node, Log: a.log, Admission: rules,
-		Limits:  connlimit.Limits{Total: r.MaxConnections, PerSource: r.MaxConnectionsPerSource},
-		Devices: a.remoteDevices,
+		Listen: r.Listen, TLS: tlsConf, Timeout: r.Timeout, Node: node, Log: a.log, Admission: rules, Relayed: relayed,
+		LocalSocket: a.localSocket(),
+		Limits:      connlimit.Limits{Total: r.MaxConnections, PerSource: r.MaxConnectionsPerSource},
+		Devices:     a.remoteDevices,
 		Worker: server.Worker{Path: beside(r.Worker, "gpuwarden-worker"), Interposer: beside(r.Interposer, "libgpuwarden.so"),
 			ControlDir: a.cfg.ControlDir, CgroupFS: cgroupFS, CgroupParent: r.CgroupParent, Env: os.Environ()},
 	})
 }
+
+// localSocket is where clients on this node (its own relay, `gpuwarden
+// run --local-socket`) reach its remote sessions without the network.
+func (a *Agent) localSocket() string { return filepath.Join(a.cfg.ControlDir, session.LocalSocket) }
 
 // remoteDevices is the node's GPUs as NVML reads them.
 func (a *Agent) remoteDevices() ([]session.Device, error) {

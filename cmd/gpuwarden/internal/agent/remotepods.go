@@ -42,8 +42,16 @@ func (a *Agent) startRemoteDevicePlugin(ctx context.Context, pods *podAnnotation
 // plugin slots and DRA claims alike), dialling their servers with dialer,
 // those a previous agent served first.
 func (a *Agent) startRelay(pods *podAnnotations, dialer func(server string) (*client.Dialer, bool)) *relay.Relay {
+	relayed, _ := session.ParseDataPath(a.cfg.Remote.DataPath) // checked with the configuration
+	own := a.cfg.Advertised(nodeName(a.cfg))
+	local := func(server string) string { // this node's own sessions skip TLS and the network
+		if a.serving && server == own {
+			return a.localSocket()
+		}
+		return ""
+	}
 	rl := relay.New(relay.Config{ControlDir: a.cfg.ControlDir, ProcRoot: a.cfg.Paths.Proc, Dialer: dialer,
-		Identify: a.identifyRemotePod(pods), Log: a.log.With("part", "remoteRelay")})
+		Identify: a.identifyRemotePod(pods), Relayed: relayed, Local: local, Log: a.log.With("part", "remoteRelay")})
 	a.closers = append(a.closers, rl.Close)
 	a.relay = rl
 	if err := rl.Restore(); err != nil {

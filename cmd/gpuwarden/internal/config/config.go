@@ -24,6 +24,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/enforcer/policy"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/admission"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/client"
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
 	"github.com/gpuwarden/gpuwarden/enforcer/vocab"
 )
 
@@ -96,6 +97,7 @@ type Config struct {
 		Worker       string        `mapstructure:"worker"`
 		Interposer   string        `mapstructure:"interposer"`
 		Timeout      time.Duration `mapstructure:"timeout"`
+		DataPath     string        `mapstructure:"dataPath"`
 		CgroupParent string        `mapstructure:"cgroupParent"`
 		Servers      []string      `mapstructure:"servers"`
 		LibraryDir   string        `mapstructure:"libraryDir"`
@@ -177,7 +179,8 @@ var options = []option{
 	{"remote.ca", "/etc/gpuwarden/remote/ca.crt", "", "the CA that signs both ends' certificates; a client's certificate names its namespace, pod and container (spiffe://gpuwarden/ns/NS/pod/POD/container/C)"},
 	{"remote.worker", "", "", "the session worker program; empty: gpuwarden-worker beside the gpuwarden binary"},
 	{"remote.interposer", "", "", "libgpuwarden.so, preloaded into every session's worker; empty: the one beside the gpuwarden binary"},
-	{"remote.timeout", 5 * time.Second, "", "how long a remote link may stay silent (both ends send heartbeats) before it counts as dead: the client's calls then fail and the server ends the session (100ms-10m)"},
+	{"remote.timeout", 5 * time.Second, "", "how long a remote link may stay silent before it counts as dead (relayed, both ends send heartbeats; direct, the kernel's keepalive probes and TCP user timeout): the client's calls then fail and the server ends the session (100ms-10m)"},
+	{"remote.dataPath", session.PathDirect, "", "where a remote session's bytes go once admitted: direct (the agents hand the authenticated connection, its socket and TLS keys, to the client library and the worker, so no process sits between them) or relayed (both agents relay every byte, as the fallback does where a node's CPU lacks AES-NI or a library is older); relayed on either end keeps a session relayed"},
 	{"remote.cgroupParent", "gpuwarden-remote", "", "the cgroup, under the cgroup v2 tree's root, in which each session gets a cgroup of its own"},
 	{"remote.servers", []string{}, "", "GPU nodes (HOST[:PORT]) whose agents serve remote sessions to this node's pods: on a node without GPUs the device plugin (devicePlugin.enabled) then advertises gpuwarden.io/remote-gpu, maxInst slots per server GPU, healthy while its server answers, and the agent relays each allocated container's sessions with this node's certificate (remote.cert: `gpuwarden certs node`)"},
 	{"remote.libraryDir", "/usr/local/gpuwarden/remote", "", "the remote client library's directory on the host (libcuda.so.1, libnvidia-ml.so.1), mounted read-only into containers allocated gpuwarden.io/remote-gpu"},
@@ -491,6 +494,9 @@ func (c Config) validateRemote() error {
 	}
 	if (r.Enabled || len(relays) > 0) && (r.Timeout < 100*time.Millisecond || r.Timeout > 10*time.Minute) {
 		errs = append(errs, fmt.Errorf("remote.timeout %v: want 100ms-10m", r.Timeout))
+	}
+	if _, err := session.ParseDataPath(r.DataPath); err != nil && (r.Enabled || len(relays) > 0) {
+		errs = append(errs, fmt.Errorf("remote.dataPath: %w", err))
 	}
 	if !r.Enabled {
 		return errors.Join(errs...)

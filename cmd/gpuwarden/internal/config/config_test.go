@@ -119,6 +119,7 @@ func TestRefusesBadConfig(t *testing.T) {
 		{"DRA unknown key", "dra:\n  enable: true\n", nil, "unknown keys: dra.enable"},
 		{"remote root cgroup parent", "remote:\n  enabled: true\n  cgroupParent: /\n", nil, "remote.cgroupParent"},
 		{"remote no sessions per client", "remote:\n  enabled: true\n  maxSessionsPerClient: 0\n", nil, "remote.maxSessionsPerClient 0"},
+		{"remote data path unknown", "", []string{"GPUWARDEN_REMOTE_ENABLED=true", "GPUWARDEN_REMOTE_DATA_PATH=kernel"}, `remote.dataPath: data path "kernel"`},
 		{"remote bad high-priority pattern", "", []string{"GPUWARDEN_REMOTE_ENABLED=true", "GPUWARDEN_REMOTE_HIGH_PRIORITY=ml/train-[0"}, `remote.highPriority: pattern "ml/train-[0"`},
 		{"remote high priority too deep", "remote:\n  enabled: true\n  highPriority: [a/b/c/d]\n", nil, `pattern "a/b/c/d"`},
 		{"http no connections", "http:\n  maxConnections: 0\n", nil, "http.maxConnections 0: want 1-65536"},

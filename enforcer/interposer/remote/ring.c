@@ -1,0 +1,85 @@
+/* The bulk ring (ring.h). */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ring.h"
+
+#define SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
+
+static void map(struct gwr_ring *r, void *p) {
+    r->base = p;
+    r->state = p;
+    r->next = 0;
+}
+
+int gwr_ring_create(struct gwr_ring *r) {
+    int fd = memfd_create("gpuwarden-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+    if (fd < 0) return -1;
+    void *p = MAP_FAILED;
+    if (ftruncate(fd, (off_t)GWR_RING_BYTES) == 0 && fcntl(fd, F_ADD_SEALS, SEALS) == 0)
+        p = mmap(NULL, GWR_RING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        close(fd);
+        return -1;
+    }
+    map(r, p);
+    return fd;
+}
+
+/* The worker maps only a memfd that can neither shrink (a fault in the
+ * worker) nor be unsealed, of exactly the ring's size. */
+int gwr_ring_map(struct gwr_ring *r, int fd) {
+    struct stat st;
+    int seals = fcntl(fd, F_GET_SEALS);
+    if (seals < 0 || (seals & SEALS) != SEALS || fstat(fd, &st) || st.st_size != (off_t)GWR_RING_BYTES) return -1;
+    void *p = mmap(NULL, GWR_RING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) return -1;
+    map(r, p);
+    return 0;
+}
+
+void gwr_ring_unmap(struct gwr_ring *r) {
+    if (r->base) munmap(r->base, GWR_RING_BYTES);
+    r->base = NULL;
+    r->state = NULL;
+}
+
+uint8_t *gwr_ring_slot(const struct gwr_ring *r, uint32_t slot) {
+    return r->base + GWR_RING_HDR + (size_t)slot * GWR_CHUNK;
+}
+
+static uint64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+int gwr_ring_take(struct gwr_ring *r, uint32_t first, int timeout_ms) {
+    uint32_t slot = first + r->next;
+    uint64_t until = now_ms() + (uint64_t)timeout_ms;
+    uint32_t v;
+    while ((v = atomic_load_explicit(&r->state[slot], memory_order_acquire)) != 0) {
+        uint64_t t = now_ms();
+        if (t >= until) return -1;
+        struct timespec ts = {0, (long)(until - t < 100 ? until - t : 100) * 1000000L};
+        syscall(SYS_futex, &r->state[slot], FUTEX_WAIT, v, &ts, NULL, 0);
+    }
+    r->next = (r->next + 1) % (GWR_RING_SLOTS / 2);
+    return (int)slot;
+}
+
+void gwr_ring_filled(struct gwr_ring *r, uint32_t slot) {
+    atomic_store_explicit(&r->state[slot], 1, memory_order_release);
+}
+
+void gwr_ring_emptied(struct gwr_ring *r, uint32_t slot) {
+    atomic_store_explicit(&r->state[slot], 0, memory_order_release);
+    syscall(SYS_futex, &r->state[slot], FUTEX_WAKE, 1, NULL, NULL, 0);
+}
