@@ -492,7 +492,6 @@ func (s *Server) keep(c net.Conn, end func()) bool {
 	return true
 }
 
-
 // heldLocked is how many sessions client id holds.
 func (s *Server) heldLocked(id pki.Identity) int {
 	n := 0
