@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -343,6 +344,28 @@ func TestRemoteWorkerKilled(t *testing.T) {
 		t.Errorf("client: %v; stderr:\n%s", err, p.Stderr())
 	}
 	if d := time.Since(killed); d > 10*time.Second {
+		t.Errorf("the client took %v to notice", d)
+	}
+}
+
+// TestRemoteWorkerKilledRingFull: a worker that dies while every slot of the
+// bulk ring is full (it stopped emptying them) fails the client's copy; the
+// client does not wait for slots no one will free.
+func TestRemoteWorkerKilledRingFull(t *testing.T) {
+	m := simtest.NewMachine(t, 1, "8Gi")
+	w := startWorker(t, m, false)
+	p := simtest.Start(t, w.remote(t, simtest.Bin(t, "interposer/gw-remote"), "bandwidth", "256"))
+	p.WaitLine(t, "ready", 20*time.Second)
+	if err := w.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // the client fills its buffer and then the ring
+	killed := time.Now()
+	if err := w.cmd.Process.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	p.WaitLine(t, "fail cuMemcpyHtoD_v2(d, h, n): CUDA_ERROR_DEVICE_UNAVAILABLE", 10*time.Second)
+	if d := time.Since(killed); d > 5*time.Second {
 		t.Errorf("the client took %v to notice", d)
 	}
 }

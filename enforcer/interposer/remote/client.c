@@ -393,7 +393,12 @@ CUresult gwr_htod(uint64_t dst, const void *src, size_t n) {
     pthread_mutex_lock(&S.ring_mu);
     int slot = gwr_ring_take(&S.ring, GWR_RING_HTOD, 0);
     if (slot < 0) flush();
-    while (slot < 0 && !gwr_dead()) slot = gwr_ring_take(&S.ring, GWR_RING_HTOD, 100);
+    while (slot < 0 && !gwr_dead()) {
+        slot = gwr_ring_take(&S.ring, GWR_RING_HTOD, 100);
+        struct pollfd p = {.fd = S.fd, .events = POLLRDHUP};
+        if (slot < 0 && poll(&p, 1, 0) == 1 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)))
+            kill_session(); /* the worker is gone: its slots stay full */
+    }
     if (slot < 0) {
         pthread_mutex_unlock(&S.ring_mu);
         return CUDA_ERROR_DEVICE_UNAVAILABLE;

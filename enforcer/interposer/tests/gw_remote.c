@@ -10,7 +10,7 @@
  *   launches N    N empty launches, a sync every 1000: BENCH launches per second
  *   queries N     N rounds of a framework's start-up questions (device count, handle,
  *                 name, attributes, UUID, a module's function), each round answered alike
- *   bandwidth MIB host-to-device and device-to-host copies of MIB MiB: BENCH MiB/s
+ *   bandwidth MIB host-to-device and device-to-host copies of MIB MiB ("ready" once allocated): BENCH MiB/s
  *   roundtrip N   N synchronous calls (cuCtxSynchronize on an idle context): BENCH us per call
  *   threads N     N threads, each with its own stream, launching, filling and reading back
  *   images        loads an ELF (4096 bytes, sections after the section headers too) and a
@@ -274,10 +274,12 @@ static int launches(long n) {
 static int bandwidth(size_t mib) {
     setup();
     size_t n = mib << 20;
-    unsigned char *h = malloc(n), *back = malloc(n);
-    for (size_t i = 0; i < n; i++) h[i] = (unsigned char)(i * 131 + 7);
     CUdeviceptr d;
     CHECK(cuMemAlloc_v2(&d, n));
+    printf("ready\n"); /* before the host buffer is filled: a test may stop the worker now */
+    fflush(stdout);
+    unsigned char *h = malloc(n), *back = malloc(n);
+    for (size_t i = 0; i < n; i++) h[i] = (unsigned char)(i * 131 + 7);
     CHECK(cuMemcpyHtoD_v2(d, h, n)); /* warm: the pages exist on both sides */
     CHECK(cuCtxSynchronize());
     double t0 = now_s();
