@@ -3,6 +3,8 @@ package interposer_test
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -15,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/handover"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
 
@@ -46,8 +49,23 @@ func startWorker(t *testing.T, m *simtest.Machine, preload bool, env ...string) 
 // startWorkerAt starts a worker listening on sock.
 func startWorkerAt(t *testing.T, sock string, m *simtest.Machine, preload bool, env ...string) *worker {
 	t.Helper()
-	w := &worker{sock: sock, errb: &bytes.Buffer{}, done: make(chan error, 1)}
-	w.cmd = exec.Command(simtest.Bin(t, "gpuwarden-worker"), "--listen", w.sock)
+	w := &worker{sock: sock}
+	w.start(t, exec.Command(simtest.Bin(t, "gpuwarden-worker"), "--listen", w.sock), m, preload, env...)
+	for i := 0; ; i++ {
+		if _, err := os.Stat(w.sock); err == nil {
+			return w
+		}
+		if i == 1000 {
+			t.Fatalf("worker made no socket in 10s; stderr:\n%s", w.errb)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// start runs cmd, a worker, on machine m.
+func (w *worker) start(t *testing.T, cmd *exec.Cmd, m *simtest.Machine, preload bool, env ...string) {
+	t.Helper()
+	w.cmd, w.errb, w.done = cmd, &bytes.Buffer{}, make(chan error, 1)
 	w.cmd.Env = append(cleanEnv(), m.Env()...)
 	w.cmd.Env = append(w.cmd.Env, "LD_LIBRARY_PATH="+filepath.Dir(simtest.Bin(t, "simgpu/libcuda.so.1")))
 	if preload {
@@ -64,15 +82,106 @@ func startWorkerAt(t *testing.T, sock string, m *simtest.Machine, preload bool, 
 		_ = w.cmd.Process.Kill()
 		<-w.done
 	})
-	for i := 0; ; i++ {
-		if _, err := os.Stat(w.sock); err == nil {
-			return w
-		}
-		if i == 1000 {
-			t.Fatalf("worker made no socket in 10s; stderr:\n%s", w.errb)
-		}
-		time.Sleep(10 * time.Millisecond)
+}
+
+// startHandedOver starts a worker on m whose session arrives as the agents
+// hand one over: a TLS 1.3 connection, handshaken and used by Go, whose two
+// ends the client library and the worker then carry on by themselves
+// (TLS records in C). The test serves w.sock as an agent serves the
+// library's: it reads the hello and answers with the handover.
+func startHandedOver(t *testing.T, m *simtest.Machine, preload bool, env ...string) *worker {
+	t.Helper()
+	p := tlsPair(t, true) // the library's end is the TLS client, as it is in a session
+	clientState, err := handover.Export(p.cEnd)
+	if err != nil {
+		t.Fatal(err)
 	}
+	workerState, err := handover.Export(p.goEnd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clientTCP, workerTCP := socketFile(t, p.cRaw), socketFile(t, p.goRaw)
+
+	// The worker: its agent's socket as --fd 3, the handover its first frame.
+	fds, err := syscall.Socketpair(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	agentEnd, workerEnd := unixConn(t, fds[0]), os.NewFile(uintptr(fds[1]), "worker")
+	t.Cleanup(func() { agentEnd.Close() }) // the worker's session ends with it
+	cmd := exec.Command(simtest.Bin(t, "gpuwarden-worker"), "--fd", "3")
+	cmd.ExtraFiles = []*os.File{workerEnd}
+	w := &worker{}
+	w.start(t, cmd, m, preload, env...)
+	workerEnd.Close()
+	err = handover.Send(agentEnd, workerState, workerTCP)
+	workerTCP.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// The library's agent: one connection, answered with its end.
+	dir, err := os.MkdirTemp("", "gwr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	w.sock = filepath.Join(dir, "s")
+	lis, err := net.ListenUnix("unix", &net.UnixAddr{Name: w.sock, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() {
+		defer lis.Close()
+		defer clientTCP.Close() // once sent, the connection ends when the library's process does
+		c, err := lis.AcceptUnix()
+		if err != nil {
+			served <- err
+			return
+		}
+		t.Cleanup(func() { c.Close() })
+		hello := make([]byte, handover.HelloLen)
+		if _, err := io.ReadFull(c, hello); err != nil {
+			served <- err
+			return
+		}
+		if takes, err := handover.Hello(hello); err != nil || !takes {
+			served <- fmt.Errorf("the library's hello does not take a handover (%v)", err)
+			return
+		}
+		served <- handover.Send(c, clientState, clientTCP)
+	}()
+	t.Cleanup(func() {
+		lis.Close()
+		if err := <-served; err != nil && !errors.Is(err, net.ErrClosed) {
+			t.Errorf("handing the session to the library: %v", err)
+		}
+	})
+	return w
+}
+
+// socketFile duplicates c's socket, and closes c: the file is the only
+// descriptor left, to be handed over.
+func socketFile(t *testing.T, c net.Conn) *os.File {
+	t.Helper()
+	f, err := c.(*net.TCPConn).File()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	return f
+}
+
+func unixConn(t *testing.T, fd int) *net.UnixConn {
+	t.Helper()
+	f := os.NewFile(uintptr(fd), "agent")
+	defer f.Close()
+	c, err := net.FileConn(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c.(*net.UnixConn)
 }
 
 // wait waits for the worker to exit by itself.
@@ -175,12 +284,30 @@ var remoteOnlyChecks = map[string]string{
 }
 
 // TestRemoteCUDAConformance runs cuda-check remotely against simgpu alone
-// (no interposer: the suite checks simgpu's own memory figures).
+// (no interposer: the suite checks simgpu's own memory figures): on the
+// worker's own socket (the same node, with the bulk ring) and over a
+// handed-over TLS connection (another node, TLS records in C).
 func TestRemoteCUDAConformance(t *testing.T) {
-	bin := simtest.Bin(t, "simgpu/cuda-check")
-	m := simtest.NewMachine(t, 4, "8Gi") // what cuda-check expects
-	w := startWorker(t, m, false)
-	cmd := w.remote(t, bin)
+	for _, c := range []struct {
+		name  string
+		start func(*testing.T, *simtest.Machine, bool, ...string) *worker
+	}{{"unix", startWorker}, {"tls", startHandedOver}} {
+		t.Run(c.name, func(t *testing.T) {
+			m := simtest.NewMachine(t, 4, "8Gi") // what cuda-check expects
+			w := c.start(t, m, false)
+			testRemoteCUDAConformance(t, w)
+			if err := w.wait(t, 10*time.Second); err != nil {
+				t.Fatalf("worker: %v; stderr:\n%s", err, w.errb)
+			}
+			if want := map[string]string{"unix": ", bulk ring\n", "tls": ", over TLS\n"}[c.name]; !strings.HasSuffix(w.errb.String(), want) {
+				t.Errorf("the worker's session was not %q: %s", want, w.errb)
+			}
+		})
+	}
+}
+
+func testRemoteCUDAConformance(t *testing.T, w *worker) {
+	cmd := w.remote(t, simtest.Bin(t, "simgpu/cuda-check"))
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	runErr := cmd.Run()
