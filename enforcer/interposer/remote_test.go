@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/handover"
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/link"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
 
@@ -161,6 +162,60 @@ func startHandedOver(t *testing.T, m *simtest.Machine, preload bool, env ...stri
 	return w
 }
 
+// startRelayed starts a worker on m whose session goes through two Go
+// relays, as the relayed path's does: the library's bytes in link frames
+// over a TLS 1.3 connection, between the library's socket (w.sock, served
+// by the test) and the worker's.
+func startRelayed(t *testing.T, m *simtest.Machine, preload bool, env ...string) *worker {
+	t.Helper()
+	w := startWorker(t, m, preload, env...)
+	p := tlsPair(t, true)
+	clientLink, serverLink := link.New(p.cEnd, 5*time.Second), link.New(p.goEnd, 5*time.Second)
+	dir, err := os.MkdirTemp("", "gwr")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	workerSock := w.sock
+	w.sock = filepath.Join(dir, "s")
+	lis, err := net.Listen("unix", w.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() {
+		defer lis.Close()
+		c, err := lis.Accept()
+		if err != nil {
+			served <- err
+			return
+		}
+		hello := make([]byte, handover.HelloLen)
+		if _, err := io.ReadFull(c, hello); err != nil {
+			served <- err
+			return
+		}
+		wc, err := net.Dial("unix", workerSock)
+		if err == nil {
+			err = clientLink.SendData(hello)
+		}
+		if err != nil {
+			c.Close()
+			served <- err
+			return
+		}
+		go func() { _ = serverLink.Relay(wc) }()
+		served <- clientLink.Relay(c)
+	}()
+	t.Cleanup(func() {
+		lis.Close()
+		if err := <-served; err != nil && !errors.Is(err, net.ErrClosed) {
+			t.Errorf("relaying the session: %v", err)
+		}
+	})
+	return w
+}
+
 // socketFile duplicates c's socket, and closes c: the file is the only
 // descriptor left, to be handed over.
 func socketFile(t *testing.T, c net.Conn) *os.File {
@@ -284,14 +339,15 @@ var remoteOnlyChecks = map[string]string{
 }
 
 // TestRemoteCUDAConformance runs cuda-check remotely against simgpu alone
-// (no interposer: the suite checks simgpu's own memory figures): on the
-// worker's own socket (the same node, with the bulk ring) and over a
-// handed-over TLS connection (another node, TLS records in C).
+// (no interposer: the suite checks simgpu's own memory figures) on each
+// data path: the worker's own socket (the same node, with the bulk ring), a
+// handed-over TLS connection (another node, TLS records in C), and the Go
+// relays.
 func TestRemoteCUDAConformance(t *testing.T) {
 	for _, c := range []struct {
 		name  string
 		start func(*testing.T, *simtest.Machine, bool, ...string) *worker
-	}{{"unix", startWorker}, {"tls", startHandedOver}} {
+	}{{"unix", startWorker}, {"tls", startHandedOver}, {"relayed", startRelayed}} {
 		t.Run(c.name, func(t *testing.T) {
 			m := simtest.NewMachine(t, 4, "8Gi") // what cuda-check expects
 			w := c.start(t, m, false)
@@ -299,7 +355,7 @@ func TestRemoteCUDAConformance(t *testing.T) {
 			if err := w.wait(t, 10*time.Second); err != nil {
 				t.Fatalf("worker: %v; stderr:\n%s", err, w.errb)
 			}
-			if want := map[string]string{"unix": ", bulk ring\n", "tls": ", over TLS\n"}[c.name]; !strings.HasSuffix(w.errb.String(), want) {
+			if want := map[string]string{"unix": ", bulk ring\n", "tls": ", over TLS\n", "relayed": ", plain\n"}[c.name]; !strings.HasSuffix(w.errb.String(), want) {
 				t.Errorf("the worker's session was not %q: %s", want, w.errb)
 			}
 		})
