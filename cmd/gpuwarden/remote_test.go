@@ -129,7 +129,11 @@ func (r *remoteRig) restart(t *testing.T) {
 // and no library path.
 func (r *remoteRig) run(t *testing.T, who string, flags []string, prog string, args ...string) *simtest.Proc {
 	t.Helper()
-	return simtest.Start(t, r.runCmd(t, who, flags, prog, args...))
+	p := simtest.Start(t, r.runCmd(t, who, flags, prog, args...))
+	// The program too, not only `gpuwarden run`: it holds the output the
+	// test reads until it exits.
+	t.Cleanup(func() { _ = syscall.Kill(-p.Cmd.Process.Pid, syscall.SIGKILL) })
+	return p
 }
 
 // runCmd is the command run starts, in a process group of its own.
@@ -207,6 +211,7 @@ func testRemoteWorkloadRuns(t *testing.T, r *remoteRig, path string) {
 		}
 		return nil
 	})
+	wantTraffic(t, r, path)
 	out, err := p.Wait()
 	if err != nil {
 		t.Fatalf("remote workload: %v\nstdout:\n%s\nstderr:\n%s", err, out, p.Stderr())
@@ -222,16 +227,51 @@ func testRemoteWorkloadRuns(t *testing.T, r *remoteRig, path string) {
 	}
 }
 
+// wantTraffic checks the server counts team-a's session's bytes both ways
+// on the network paths, and has no counters for a same-node session.
+func wantTraffic(t *testing.T, r *remoteRig, path string) {
+	t.Helper()
+	simtest.Eventually(t, 10*time.Second, func() error {
+		fams := r.agent.Scrape(t)
+		for _, dir := range []string{"sent", "received"} {
+			want := map[string]string{"namespace": "team-a", "pod": "train-a", "container": "main", "direction": dir}
+			s, ok := simtest.Find(fams, "gpuwarden_remote_session_bytes_total", want)
+			switch {
+			case r.sameNode && ok:
+				return fmt.Errorf("a same-node session has byte counters: %+v", s)
+			case r.sameNode:
+			case !ok:
+				return fmt.Errorf("no gpuwarden_remote_session_bytes_total with %v", want)
+			case s.Labels["path"] != path:
+				return fmt.Errorf("the session's bytes are labelled path=%q, want %q", s.Labels["path"], path)
+			case s.Value < 1000: // the hello, the allocation, launches: far more than a kilobyte each way
+				return fmt.Errorf("%s %.0f bytes", dir, s.Value)
+			}
+		}
+		return nil
+	})
+}
+
 // TestRemoteSharing: two remote clients and a local container share one
 // GPU under the same policy: the remote ones get their memory quotas and
 // their 1:2 weights, all three appear in the metrics with their labels.
 func TestRemoteSharing(t *testing.T) {
 	r := newRemoteRig(t, false)
+	for _, path := range dataPaths {
+		t.Run(path, func(t *testing.T) {
+			r.dataPath = path
+			testRemoteSharing(t, r)
+		})
+	}
+}
+
+func testRemoteSharing(t *testing.T, r *remoteRig) {
 	prog := []string{"--alloc", "1Gi", "--seconds", "60", "--kernels", "8", "--kernel-ns", "2000000"}
 	a := r.run(t, "a", []string{"--memory", "4Gi", "--weight", "1"}, "workload", prog...)
 	b := r.run(t, "b", []string{"--memory", "0.25", "--weight", "2"}, "workload", prog...)
 	a.WaitLine(t, "ready", 20*time.Second)
 	b.WaitLine(t, "ready", 20*time.Second)
+	wantPath(t, a, r.dataPath)
 	local := startEnforced(t, r.m, r.agent, "local", "GPUWARDEN_COMPUTE_WEIGHT=1", "GPUWARDEN_MEMORY_LIMIT=4Gi")
 
 	// Targets: weights 1, 2 and 1 on one GPU.

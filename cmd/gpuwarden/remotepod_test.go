@@ -37,7 +37,7 @@ type clientNode struct {
 	api   *kubeapitest.TestServer
 }
 
-func startClientNode(t *testing.T, r *remoteRig) *clientNode {
+func startClientNode(t *testing.T, r *remoteRig, env ...string) *clientNode {
 	t.Helper()
 	if err := pki.Issue(r.creds, r.creds, pki.Request{Name: "node-c", Node: "node-c", Validity: time.Hour}); err != nil {
 		t.Fatal(err)
@@ -48,20 +48,21 @@ func startClientNode(t *testing.T, r *remoteRig) *clientNode {
 	}
 	n := &clientNode{kl: kubelettest.StartDevicePlugins(t), pr: kubelettest.StartPodResources(t),
 		api: kubeapitest.StartTestServerOn(t, lis)}
-	n.agent = simtest.StartAgentIn(t, simtest.NewMachine(t, 0, "1Gi"), r.client,
+	env = append([]string{
 		"GPUWARDEN_NODE_NAME=node-c",
 		"GPUWARDEN_NVML_ENABLED=false", "GPUWARDEN_EBPF_ENABLED=false", "GPUWARDEN_ENFORCEMENT_ENABLED=false",
-		"GPUWARDEN_DEVICE_PLUGIN_ENABLED=true", "GPUWARDEN_DEVICE_PLUGIN_KUBELET_DIR="+n.kl.Dir,
+		"GPUWARDEN_DEVICE_PLUGIN_ENABLED=true", "GPUWARDEN_DEVICE_PLUGIN_KUBELET_DIR=" + n.kl.Dir,
 		"GPUWARDEN_DEVICE_PLUGIN_MAX_INST=4", "GPUWARDEN_DEVICE_PLUGIN_HEALTH_INTERVAL=500ms",
-		"GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET="+n.pr.Socket,
-		"GPUWARDEN_KUBERNETES_API_SERVER="+n.api.URL, "GPUWARDEN_KUBERNETES_TOKEN_FILE="+n.api.TokenFile,
-		"GPUWARDEN_KUBERNETES_CA_FILE="+n.api.CAFile,
-		"GPUWARDEN_REMOTE_SERVERS="+serverAddr,
-		"GPUWARDEN_REMOTE_CERT="+filepath.Join(r.creds, "node-c.crt"),
-		"GPUWARDEN_REMOTE_KEY="+filepath.Join(r.creds, "node-c.key"),
-		"GPUWARDEN_REMOTE_CA="+filepath.Join(r.creds, "ca.crt"),
+		"GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET=" + n.pr.Socket,
+		"GPUWARDEN_KUBERNETES_API_SERVER=" + n.api.URL, "GPUWARDEN_KUBERNETES_TOKEN_FILE=" + n.api.TokenFile,
+		"GPUWARDEN_KUBERNETES_CA_FILE=" + n.api.CAFile,
+		"GPUWARDEN_REMOTE_SERVERS=" + serverAddr,
+		"GPUWARDEN_REMOTE_CERT=" + filepath.Join(r.creds, "node-c.crt"),
+		"GPUWARDEN_REMOTE_KEY=" + filepath.Join(r.creds, "node-c.key"),
+		"GPUWARDEN_REMOTE_CA=" + filepath.Join(r.creds, "ca.crt"),
 		"GPUWARDEN_REMOTE_TIMEOUT=2s", "GPUWARDEN_CONTROL_DIR_GRACE=2s",
-		"GPUWARDEN_REMOTE_LIBRARY_DIR="+filepath.Dir(simtest.Bin(t, "remote/libcuda.so.1")))
+		"GPUWARDEN_REMOTE_LIBRARY_DIR=" + filepath.Dir(simtest.Bin(t, "remote/libcuda.so.1"))}, env...)
+	n.agent = simtest.StartAgentIn(t, simtest.NewMachine(t, 0, "1Gi"), r.client, env...)
 	return n
 }
 
@@ -90,8 +91,14 @@ func healthy(n int, want string) func([]*pluginapi.Device) bool {
 // while the server is silent or down, healthy when it is back; the
 // allocation's directory goes with its pod.
 func TestRemotePod(t *testing.T) {
+	for _, path := range dataPaths {
+		t.Run(path, func(t *testing.T) { testRemotePod(t, path) })
+	}
+}
+
+func testRemotePod(t *testing.T, path string) {
 	r := newRemoteRig(t, false)
-	n := startClientNode(t, r)
+	n := startClientNode(t, r, "GPUWARDEN_REMOTE_DATA_PATH="+path)
 	devs := n.kl.WaitDevices(t, allocation.ResourceRemote, healthy(4, pluginapi.Healthy))
 	uuid, _, _ := strings.Cut(devs[0].ID, "::")
 	if !strings.HasPrefix(uuid, "GPU-") {
@@ -153,9 +160,9 @@ func TestRemotePod(t *testing.T) {
 	if l := r.agent.Log(); !strings.Contains(l, "client=node/node-c pod=ml/infer-0/main") {
 		t.Errorf("the server's log does not name the session's node and pod:\n%s", l)
 	}
-	// The relay handed the session to the pod's client library.
-	if l := n.agent.Log(); !strings.Contains(l, "remote relay: session started") || !strings.Contains(l, "path=direct") {
-		t.Errorf("the relay did not hand the session over:\n%s", l)
+	// The relay handed the session to the pod's client library, or relays it.
+	if l := n.agent.Log(); !strings.Contains(l, "remote relay: session started") || !strings.Contains(l, "path="+path) {
+		t.Errorf("the relay did not log the session on the %s path:\n%s", path, l)
 	}
 
 	// A process of another pod that reaches the socket gets nothing.

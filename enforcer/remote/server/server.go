@@ -18,7 +18,10 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/connlimit"
 	"github.com/gpuwarden/gpuwarden/enforcer/ratelog"
@@ -90,6 +93,48 @@ type active struct {
 	granted  uint64
 	cgroup   string // path in the cgroup tree
 	sessName string
+	path     string          // session.PathDirect or PathRelayed, once welcomed
+	tcp      syscall.RawConn // its TCP socket (the server's handle); nil on the same node
+}
+
+// Traffic is one running session's bytes so far, as the kernel counts them
+// on its TCP socket (TLS records and all; sent: acknowledged by the
+// client's end). The server reads them whichever process carries the data,
+// so a handed-over session is counted with no work on its data path.
+type Traffic struct {
+	Session        string
+	ID             pki.Identity
+	GPU            string // UUID
+	Path           string // session.PathDirect or PathRelayed
+	Sent, Received uint64
+}
+
+// Traffic lists the running sessions that have a TCP socket: one that came
+// in on the local socket has none, and is not listed.
+func (s *Server) Traffic() []Traffic {
+	type counted struct {
+		t   Traffic
+		tcp syscall.RawConn
+	}
+	var all []counted
+	s.mu.Lock()
+	for _, a := range s.sessions {
+		if a.tcp != nil {
+			all = append(all, counted{Traffic{Session: a.sessName, ID: a.id, GPU: a.uuid, Path: a.path}, a.tcp})
+		}
+	}
+	s.mu.Unlock()
+	out := make([]Traffic, 0, len(all))
+	for _, c := range all {
+		var info *unix.TCPInfo
+		var err error
+		if cerr := c.tcp.Control(func(fd uintptr) { info, err = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO) }); cerr != nil || err != nil {
+			continue // the session is ending: its socket is closed
+		}
+		c.t.Sent, c.t.Received = info.Bytes_acked, info.Bytes_received
+		out = append(out, c.t)
+	}
+	return out
 }
 
 // Start removes what sessions of a previous server left, listens, and
@@ -398,6 +443,9 @@ func (s *Server) session(c *tls.Conn, l *link.Conn, id pki.Identity, req session
 		w.Direct = req.Direct && !s.cfg.Relayed && handover.Supported() && c.ConnectionState().CipherSuite == handover.Suite
 	}
 	log = log.With("session", name, "gpu", w.GPU)
+	if !w.Local {
+		s.counted(a, c, w.Direct)
+	}
 	proc, err := s.cfg.Worker.start(name, w, log)
 	if err != nil {
 		refuse(fmt.Errorf("start the session's worker: %w", err))
@@ -421,6 +469,24 @@ func (s *Server) session(c *tls.Conn, l *link.Conn, id pki.Identity, req session
 		err = l.Relay(proc.sock)
 	}
 	log.Info("remote: session ended", "after", time.Since(start).Round(time.Millisecond), "why", reason(err))
+}
+
+// counted records a's TCP socket for Traffic.
+func (s *Server) counted(a *active, c *tls.Conn, direct bool) {
+	sc, ok := c.NetConn().(syscall.Conn)
+	if !ok {
+		return
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return
+	}
+	s.mu.Lock()
+	a.tcp, a.path = rc, session.PathRelayed
+	if direct {
+		a.path = session.PathDirect
+	}
+	s.mu.Unlock()
 }
 
 // handOver passes the session's socket and TLS state to its worker and

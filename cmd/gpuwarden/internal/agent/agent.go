@@ -42,26 +42,27 @@ type Agent struct {
 	version string
 	log     *slog.Logger
 
-	parts    parts
-	nsRoot   string            // host path of the agent's cgroup namespace root
-	resolver *cgroups.Resolver // nil when no cgroup v2 tree was found
-	enf      atomic.Pointer[membership.Members]
-	breaches *onbreach.Responder // nil unless enforcing
-	settings *settings.Store     // what ctl changed; nil unless enforcing
-	nvml     *nvmldev.Reader
-	plugin   *deviceplugin.Plugin  // nil unless the device plugin runs
-	driver   *dra.Driver           // nil unless the DRA driver runs
-	pods     *kubelet.PodResources // nil off Kubernetes
-	relay    *relay.Relay          // nil unless remote GPUs are relayed for pods
-	serving  bool                  // remote sessions are served on this node's GPUs
-	observer *observe.Observer
-	coll     *collector.Collector
-	srv      *http.Server
-	lis      net.Listener
-	refused  map[string]func() uint64 // each capped listener's refusals, by name
-	evicted  map[string]func() uint64 // idle connections each closed to admit new ones
-	closers  []func() error
-	wg       sync.WaitGroup
+	parts         parts
+	nsRoot        string            // host path of the agent's cgroup namespace root
+	resolver      *cgroups.Resolver // nil when no cgroup v2 tree was found
+	enf           atomic.Pointer[membership.Members]
+	breaches      *onbreach.Responder // nil unless enforcing
+	settings      *settings.Store     // what ctl changed; nil unless enforcing
+	nvml          *nvmldev.Reader
+	plugin        *deviceplugin.Plugin  // nil unless the device plugin runs
+	driver        *dra.Driver           // nil unless the DRA driver runs
+	pods          *kubelet.PodResources // nil off Kubernetes
+	relay         *relay.Relay          // nil unless remote GPUs are relayed for pods
+	serving       bool                  // remote sessions are served on this node's GPUs
+	observer      *observe.Observer
+	coll          *collector.Collector
+	srv           *http.Server
+	lis           net.Listener
+	refused       map[string]func() uint64 // each capped listener's refusals, by name
+	evicted       map[string]func() uint64 // idle connections each closed to admit new ones
+	remoteTraffic *remoteTraffic           // the remote sessions' bytes; nil: sessions are not served
+	closers       []func() error
+	wg            sync.WaitGroup
 
 	// ledgers is coll once made, for the probes' scan, which starts first.
 	ledgers atomic.Pointer[collector.Collector]

@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpuwarden/gpuwarden/enforcer/changeapi"
 	"github.com/gpuwarden/gpuwarden/enforcer/connlimit"
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/server"
 )
 
 // The HTTP server's bounds: whoever reaches the port (any pod, on
@@ -44,6 +45,9 @@ func (a *Agent) mux() *http.ServeMux {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "gpuwarden_agent_connections_evicted_total",
 			Help:        "Idle connections closed to admit new ones while the listener was at its maxConnections.",
 			ConstLabels: prometheus.Labels{"listener": name}}, func() float64 { return float64(evicted()) }))
+	}
+	if a.remoteTraffic != nil {
+		reg.MustRegister(a.remoteTraffic)
 	}
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", a.coll.MetricsHandler(reg, a.log))
@@ -97,4 +101,29 @@ func boundedSeconds(h http.Handler) http.Handler {
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+var descRemoteBytes = prometheus.NewDesc("gpuwarden_remote_session_bytes_total",
+	"Bytes of each remote session's TCP connection on this GPU node, as the kernel counts them (TLS records included; sent: acknowledged by the client). Same-node sessions have none.",
+	[]string{"node", "uuid", "namespace", "pod", "container", "session", "path", "direction"}, nil)
+
+// remoteTraffic serves the remote sessions' byte counters: read from
+// their sockets at each scrape, whichever process carries their data.
+type remoteTraffic struct {
+	list func() []server.Traffic
+	node string
+}
+
+func (r *remoteTraffic) Describe(ch chan<- *prometheus.Desc) { ch <- descRemoteBytes }
+
+func (r *remoteTraffic) Collect(ch chan<- prometheus.Metric) {
+	for _, t := range r.list() {
+		for _, d := range []struct {
+			name  string
+			bytes uint64
+		}{{"sent", t.Sent}, {"received", t.Received}} {
+			ch <- prometheus.MustNewConstMetric(descRemoteBytes, prometheus.CounterValue, float64(d.bytes),
+				r.node, t.GPU, t.ID.Namespace, t.ID.Pod, t.ID.Container, t.Session, t.Path, d.name)
+		}
+	}
 }

@@ -28,6 +28,7 @@ func (a *Agent) startRemote(cgroupFS, node string) func(string) (string, string,
 	}
 	a.closers = append(a.closers, srv.Close)
 	a.refused["remote"] = srv.Refused
+	a.remoteTraffic = &remoteTraffic{list: srv.Traffic, node: node}
 	a.serving = true
 	a.log.Info("serving remote GPU sessions", "address", srv.Addr())
 	return func(path string) (string, string, string, bool) {
