@@ -34,9 +34,11 @@
 #include "client.h"
 #include "handover.h"
 #include "ring.h"
+#include "spin.h"
 
 #define GWR_BATCH (64u << 10)
 #define GWR_FLUSH_NS 200000L        /* a batch waits at most this long for company */
+#define GWR_SPIN_NS 30000u          /* a synchronous call polls this long for its reply before it sleeps */
 #define GWR_HELLO_TIMEOUT_MS 5000   /* connecting is the only wait with a timeout of its own */
 
 struct waiter {
@@ -124,6 +126,33 @@ static int read_full(int fd, struct gwr_tls *tls, void *dst, size_t n) {
     return 0;
 }
 
+/* The session's plain frames are read in blocks, so that a frame's header
+ * and fields cost one system call, not one each; bulk data longer than
+ * half a block still goes straight to its place. Only the reading call
+ * touches the block (TLS records have their own). */
+static struct {
+    uint8_t b[64 << 10];
+    size_t at, end;
+} R;
+
+static int read_session(int fd, struct gwr_tls *tls, void *dst, size_t n) {
+    if (tls) return read_full(fd, tls, dst, n);
+    uint8_t *p = dst;
+    while (n) {
+        if (R.at == R.end) {
+            if (n >= sizeof R.b / 2) return read_full(fd, NULL, p, n);
+            ssize_t r = read(fd, R.b, sizeof R.b);
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) return -1;
+            R.at = 0, R.end = (size_t)r;
+        }
+        size_t k = R.end - R.at < n ? R.end - R.at : n;
+        memcpy(p, R.b + R.at, k);
+        R.at += k, p += k, n -= k;
+    }
+    return 0;
+}
+
 /* write_iov writes it all; MSG_NOSIGNAL: a dead worker is an error to
  * report, not a SIGPIPE that kills the program. */
 static int write_iov(int fd, struct gwr_tls *tls, struct iovec *v, int n) {
@@ -152,31 +181,31 @@ static int read_one(int fd, struct gwr_tls *tls) {
     static uint8_t scratch[GWR_MAX_PAYLOAD]; /* only the reading call uses it */
     uint8_t hb[GWR_HDR_SIZE];
     struct gwr_hdr h;
-    if (read_full(fd, tls, hb, sizeof hb) || gwr_get_hdr(hb, &h)) return -1;
+    if (read_session(fd, tls, hb, sizeof hb) || gwr_get_hdr(hb, &h)) return -1;
     pthread_mutex_lock(&S.mu);
     struct waiter *w = find_waiter(h.seq);
     pthread_mutex_unlock(&S.mu);
     if (h.op == GWR_OP_DATA) {
         uint64_t off;
-        if (h.len < 8 || read_full(fd, tls, &off, 8)) return -1;
+        if (h.len < 8 || read_session(fd, tls, &off, 8)) return -1;
         size_t n = h.len - 8;
         if (!w || off > w->nbulk || n > w->nbulk - off) return -1; /* data nobody asked for */
-        return read_full(fd, tls, w->bulk + off, n);
+        return read_session(fd, tls, w->bulk + off, n);
     }
     if (h.op == GWR_OP_DATA_RING) {
         uint8_t f[16];
         uint64_t off;
         uint32_t slot, n;
-        if (h.len != sizeof f || read_full(fd, tls, f, sizeof f) || !S.ring.base) return -1;
+        if (h.len != sizeof f || read_session(fd, tls, f, sizeof f) || !S.ring.base) return -1;
         memcpy(&off, f, 8), memcpy(&slot, f + 8, 4), memcpy(&n, f + 12, 4);
-        if (!w || slot < GWR_RING_DTOH || slot >= GWR_RING_SLOTS || n > GWR_CHUNK || off > w->nbulk ||
+        if (!w || slot < GWR_RING_DTOH || slot >= GWR_RING_SLOTS || n > GWR_RING_SLOT_BYTES || off > w->nbulk ||
             n > w->nbulk - off)
             return -1;
         memcpy(w->bulk + off, gwr_ring_slot(&S.ring, slot), n);
         gwr_ring_emptied(&S.ring, slot);
         return 0;
     }
-    if (h.op != GWR_OP_REPLY || h.len < 4 || read_full(fd, tls, scratch, h.len) || !w) return -1;
+    if (h.op != GWR_OP_REPLY || h.len < 4 || read_session(fd, tls, scratch, h.len) || !w) return -1;
     uint32_t res;
     memcpy(&res, scratch, 4);
     size_t n = h.len - 4;
@@ -190,15 +219,9 @@ static int read_one(int fd, struct gwr_tls *tls) {
     return 0;
 }
 
-static uint64_t mono_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
-}
-
 /* write_locked writes frames to the socket; send_mu is held. */
 static int write_locked(struct iovec *v, int n) {
-    S.sent_ns = mono_ns();
+    S.sent_ns = gwr_mono_ns();
     return write_iov(S.fd, S.tls, v, n);
 }
 
@@ -244,7 +267,7 @@ static CUresult send_frame(uint16_t op, uint16_t flags, uint32_t seq, const void
     }
     if (total <= GWR_BATCH - S.nbatch || (total <= GWR_BATCH / 4 && !(err = flush_locked()))) {
         int was_empty = !S.nbatch;
-        if (was_empty && mono_ns() - S.sent_ns >= (uint64_t)GWR_FLUSH_NS) flush = 1; /* after idle */
+        if (was_empty && gwr_mono_ns() - S.sent_ns >= (uint64_t)GWR_FLUSH_NS) flush = 1; /* after idle */
         memcpy(S.batch + S.nbatch, hb, sizeof hb);
         if (na) memcpy(S.batch + S.nbatch + sizeof hb, a, na);
         if (nb) memcpy(S.batch + S.nbatch + sizeof hb + na, b, nb);
@@ -281,6 +304,7 @@ static void reset_after_fork(void) {
     S.waiters = NULL;
     S.reading = 0;
     S.nbatch = 0;
+    R.at = R.end = 0;
     gwr_alloc_forget_all();
 }
 
@@ -354,7 +378,7 @@ static void offer_ring(int fd) {
     uint8_t f[GWR_HDR_SIZE + 8];
     struct gwr_hdr h = {.len = 8, .op = GWR_OP_RING, .flags = GWR_F_SYNC, .seq = 1};
     gwr_put_hdr(f, &h);
-    gwr_encode(f + GWR_HDR_SIZE, 8, "ii", GWR_RING_SLOTS, GWR_CHUNK);
+    gwr_encode(f + GWR_HDR_SIZE, 8, "ii", GWR_RING_SLOTS, GWR_RING_SLOT_BYTES);
     union {
         struct cmsghdr c;
         char b[CMSG_SPACE(sizeof(int))];
@@ -384,12 +408,8 @@ static void flush(void) {
     if (err) kill_session();
 }
 
-CUresult gwr_htod(uint64_t dst, const void *src, size_t n) {
-    if (!S.ring.base) {
-        uint8_t b[8];
-        size_t k = gwr_encode(b, sizeof b, "q", dst);
-        return gwr_async(GWR_OP_HTOD, b, k, src, n);
-    }
+/* htod_slot sends n bytes (at most a slot's) through the ring. */
+static CUresult htod_slot(uint64_t dst, const void *src, size_t n) {
     pthread_mutex_lock(&S.ring_mu);
     int slot = gwr_ring_take(&S.ring, GWR_RING_HTOD, 0);
     if (slot < 0) flush();
@@ -409,6 +429,18 @@ CUresult gwr_htod(uint64_t dst, const void *src, size_t n) {
     size_t k = gwr_encode(b, sizeof b, "qii", dst, (uint32_t)slot, (uint32_t)n);
     CUresult rc = send_frame(GWR_OP_HTOD_RING, 0, 0, b, k, NULL, 0, 1); /* now: the worker copies while we fill */
     pthread_mutex_unlock(&S.ring_mu);
+    return rc;
+}
+
+CUresult gwr_htod(uint64_t dst, const void *src, size_t n) {
+    if (!S.ring.base) {
+        uint8_t b[8];
+        size_t k = gwr_encode(b, sizeof b, "q", dst);
+        return gwr_async(GWR_OP_HTOD, b, k, src, n);
+    }
+    CUresult rc = CUDA_SUCCESS;
+    for (size_t off = 0; off < n && !rc; off += GWR_RING_SLOT_BYTES)
+        rc = htod_slot(dst + off, (const uint8_t *)src + off, n - off < GWR_RING_SLOT_BYTES ? n - off : GWR_RING_SLOT_BYTES);
     return rc;
 }
 
@@ -500,6 +532,7 @@ CUresult gwr_call(uint16_t op, const void *a, size_t na, const void *b, size_t n
     S.waiters = &w;
     pthread_mutex_unlock(&S.mu);
     send_frame(op, GWR_F_SYNC, seq, a, na, b, nb, 1); /* a failure ends the read below */
+    uint64_t spin_until = gwr_mono_ns() + GWR_SPIN_NS;
     pthread_mutex_lock(&S.mu);
     while (!w.done) {
         if (S.reading) { /* another call reads: it hands us our reply */
@@ -510,10 +543,12 @@ CUresult gwr_call(uint16_t op, const void *a, size_t na, const void *b, size_t n
         int fd = S.fd;
         struct gwr_tls *tls = S.tls;
         pthread_mutex_unlock(&S.mu);
+        if (tls || R.at == R.end) gwr_spin_readable(fd, tls, spin_until);
         if (read_one(fd, tls)) {
             kill_session();
             wake_all_dead();
         }
+        spin_until = gwr_mono_ns() + GWR_RING_SPIN_NS; /* more of a copy's chunks follow */
         pthread_mutex_lock(&S.mu);
         S.reading = 0;
         pthread_cond_broadcast(&S.cv); /* a call still waiting reads next */

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "ring.h"
+#include "spin.h"
 
 #define SEALS (F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL)
 
@@ -52,7 +53,7 @@ void gwr_ring_unmap(struct gwr_ring *r) {
 }
 
 uint8_t *gwr_ring_slot(const struct gwr_ring *r, uint32_t slot) {
-    return r->base + GWR_RING_HDR + (size_t)slot * GWR_CHUNK;
+    return r->base + GWR_RING_HDR + (size_t)slot * GWR_RING_SLOT_BYTES;
 }
 
 static uint64_t now_ms(void) {
@@ -65,11 +66,19 @@ int gwr_ring_take(struct gwr_ring *r, uint32_t first, int timeout_ms) {
     uint32_t slot = first + r->next;
     uint64_t until = now_ms() + (uint64_t)timeout_ms;
     uint32_t v;
+    /* The other side empties a slot in about the time this one fills one:
+     * watch for it a while before sleeping (spin.h). */
+    for (uint64_t spin = timeout_ms ? gwr_mono_ns() + GWR_RING_SPIN_NS : 0;
+         atomic_load_explicit(&r->state[slot], memory_order_acquire) && gwr_mono_ns() < spin;)
+        __builtin_ia32_pause();
     while ((v = atomic_load_explicit(&r->state[slot], memory_order_acquire)) != 0) {
         uint64_t t = now_ms();
         if (t >= until) return -1;
+        /* 2: filled, and its filler sleeps on it (the emptier wakes it) */
+        if (v == 1 && !atomic_compare_exchange_strong(&r->state[slot], &v, 2)) continue;
         struct timespec ts = {0, (long)(until - t < 100 ? until - t : 100) * 1000000L};
-        syscall(SYS_futex, &r->state[slot], FUTEX_WAIT, v, &ts, NULL, 0);
+        /* any other value is the client's scribble: sleep on it all the same */
+        syscall(SYS_futex, &r->state[slot], FUTEX_WAIT, v == 1 ? 2 : v, &ts, NULL, 0);
     }
     r->next = (r->next + 1) % (GWR_RING_SLOTS / 2);
     return (int)slot;
@@ -80,6 +89,6 @@ void gwr_ring_filled(struct gwr_ring *r, uint32_t slot) {
 }
 
 void gwr_ring_emptied(struct gwr_ring *r, uint32_t slot) {
-    atomic_store_explicit(&r->state[slot], 0, memory_order_release);
-    syscall(SYS_futex, &r->state[slot], FUTEX_WAKE, 1, NULL, NULL, 0);
+    if (atomic_exchange_explicit(&r->state[slot], 0, memory_order_acq_rel) == 2)
+        syscall(SYS_futex, &r->state[slot], FUTEX_WAKE, 1, NULL, NULL, 0);
 }

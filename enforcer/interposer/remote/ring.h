@@ -3,8 +3,9 @@
  * client library offers a sealed memfd in a GWR_OP_RING frame, and each
  * side fills slots the other empties. Slots [0, GWR_RING_SLOTS/2) carry
  * host-to-device chunks (the client fills them), the rest device-to-host
- * (the worker fills them). A slot's state word is 0 (free) or 1 (filled);
- * a frame names the slot it filled. The memory is the client's: the worker
+ * (the worker fills them). A slot's state word is 0 (free), 1 (filled) or
+ * 2 (filled, and its filler sleeps until it is free); a frame names the
+ * slot it filled. The memory is the client's: the worker
  * checks every frame's slot and length, and what a client scribbles into
  * its ring only reaches its own session's memory. */
 #ifndef GPUWARDEN_REMOTE_RING_H
@@ -19,7 +20,11 @@
 #define GWR_RING_HTOD 0u                    /* the client's slots start here */
 #define GWR_RING_DTOH (GWR_RING_SLOTS / 2)  /* the worker's */
 #define GWR_RING_HDR 4096u
-#define GWR_RING_BYTES ((size_t)GWR_RING_HDR + (size_t)GWR_RING_SLOTS * GWR_CHUNK)
+#define GWR_RING_SPIN_NS 100000u /* about two slots' copies: a side waiting for a slot polls this long */
+/* Slots smaller than a frame's chunk: what one side writes is still in the
+ * shared cache when the other reads it. */
+#define GWR_RING_SLOT_BYTES (256u << 10)
+#define GWR_RING_BYTES ((size_t)GWR_RING_HDR + (size_t)GWR_RING_SLOTS * GWR_RING_SLOT_BYTES)
 
 struct gwr_ring {
     uint8_t *base; /* NULL: no ring */

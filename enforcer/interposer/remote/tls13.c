@@ -461,6 +461,14 @@ static int next_record(struct gwr_tls *t) {
     return -1;
 }
 
+int gwr_tls_pending(const struct gwr_tls *t) {
+    size_t have = t->rend - t->rpos;
+    if (t->nplain || t->rerr || t->eof) return 1;
+    if (have < GWR_TLS_HDR) return 0;
+    ssize_t len = body_len(t->rbuf + t->rpos);
+    return len < 0 || have >= GWR_TLS_HDR + (size_t)len; /* a bad header fails at once too */
+}
+
 ssize_t gwr_tls_read(struct gwr_tls *t, void *buf, size_t n) {
     if (t->rerr) {
         errno = t->rerr;

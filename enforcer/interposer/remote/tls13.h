@@ -47,6 +47,9 @@ struct gwr_tls *gwr_tls_new(int fd, const struct gwr_tls_state *st);
  * peer sent an error alert) or the socket's error. After -1, every later
  * call fails the same way. */
 ssize_t gwr_tls_read(struct gwr_tls *t, void *buf, size_t n);
+/* gwr_tls_pending: a read would return without waiting for the socket (a
+ * whole record, an error or the end is buffered). */
+int gwr_tls_pending(const struct gwr_tls *t);
 
 /* gwr_tls_writev writes all of v as records of at most GWR_TLS_MAX_PLAIN
  * bytes: 0, or -1 (errno) and every later write fails. */

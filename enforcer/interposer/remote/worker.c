@@ -41,6 +41,7 @@
 #include "nvml.h"
 #include "proto.h"
 #include "ring.h"
+#include "spin.h"
 
 #define PROTO_ERROR ((CUresult)-1)
 
@@ -175,9 +176,19 @@ static ssize_t read_some(void *dst, size_t n) {
     return r;
 }
 
+/* After a reply the client's next frame is mostly a round trip away (a
+ * program that synchronized launches its next step, in the gap the device
+ * sits idle): the next read polls for it that long (spin.h). */
+#define SPIN_NS 60000u
+static uint64_t g_spin_until;
+
 static int read_full(void *dst, size_t n) {
     uint8_t *p = dst;
     while (n) {
+        if (g_in.at == g_in.end && g_spin_until) {
+            gwr_spin_readable(g_fd, g_tls, g_spin_until);
+            g_spin_until = 0;
+        }
         if (g_in.at == g_in.end) {
             if (n >= sizeof g_in.buf / 2) { /* bulk: straight into place */
                 ssize_t r = read_some(p, n);
@@ -644,8 +655,9 @@ static nvmlReturn_t nvml_call(const struct gwr_req *r) {
 static CUresult dtoh(const struct gwr_req *r) {
     static uint8_t buf[GWR_CHUNK];
     uint64_t src = r->q[0], n = r->q[1];
-    for (uint64_t off = 0; off < n; off += GWR_CHUNK) {
-        size_t k = n - off < GWR_CHUNK ? (size_t)(n - off) : GWR_CHUNK;
+    size_t chunk = g_ring.base ? GWR_RING_SLOT_BYTES : GWR_CHUNK;
+    for (uint64_t off = 0; off < n; off += chunk) {
+        size_t k = n - off < chunk ? (size_t)(n - off) : chunk;
         int slot = g_ring.base ? gwr_ring_take(&g_ring, GWR_RING_DTOH, 1000) : -1;
         CUresult rc = cuMemcpyDtoH_v2(slot < 0 ? buf : gwr_ring_slot(&g_ring, (uint32_t)slot), (CUdeviceptr)(src + off), k);
         if (rc) return rc;
@@ -666,7 +678,7 @@ static CUresult ring(const struct gwr_req *r) {
     int fd = g_passed;
     g_passed = -1;
     CUresult rc = CUDA_ERROR_NOT_SUPPORTED; /* a relay between (no descriptor), or not a ring */
-    if (fd >= 0 && !g_ring.base && r->i[0] == GWR_RING_SLOTS && r->i[1] == GWR_CHUNK && gwr_ring_map(&g_ring, fd) == 0)
+    if (fd >= 0 && !g_ring.base && r->i[0] == GWR_RING_SLOTS && r->i[1] == GWR_RING_SLOT_BYTES && gwr_ring_map(&g_ring, fd) == 0)
         rc = CUDA_SUCCESS;
     if (fd >= 0) close(fd);
     return rc;
@@ -675,10 +687,11 @@ static CUresult ring(const struct gwr_req *r) {
 /* htod_ring copies a chunk the client put in its slot, and empties it. */
 static CUresult htod_ring(const struct gwr_req *r) {
     uint32_t slot = r->i[0], n = r->i[1];
-    if (!g_ring.base || slot >= GWR_RING_DTOH || n > GWR_CHUNK) return CUDA_ERROR_INVALID_VALUE;
+    if (!g_ring.base || slot >= GWR_RING_DTOH || n > GWR_RING_SLOT_BYTES) return CUDA_ERROR_INVALID_VALUE;
     g_stats.bytes_in += n;
     CUresult rc = cuMemcpyHtoD_v2(r->q[0], gwr_ring_slot(&g_ring, slot), n);
     gwr_ring_emptied(&g_ring, slot);
+    g_spin_until = gwr_mono_ns() + GWR_RING_SPIN_NS; /* the next chunk is being filled */
     return rc;
 }
 
@@ -1046,6 +1059,7 @@ static int serve(void) {
         }
         uint32_t head = (uint32_t)res;
         if (send_frame(GWR_OP_REPLY, r.h.seq, &head, sizeof head, g_out.b, g_out.n)) return 0;
+        g_spin_until = gwr_mono_ns() + SPIN_NS;
     }
     return 0;
 }
