@@ -61,6 +61,7 @@ static struct {
     int state; /* 0 not connected, 1 connected, 2 dead */
     int reading; /* a waiting call reads replies for all */
     struct waiter *waiters;
+    _Atomic int spin_pays; /* the last call's reply came within GWR_SPIN_NS */
 
     pthread_mutex_t send_mu; /* the batch and the socket's write side */
     pthread_cond_t send_cv;  /* the batch became non-empty */
@@ -75,6 +76,7 @@ static struct {
     .cv = PTHREAD_COND_INITIALIZER,
     .fd = -1,
     .ctl = -1,
+    .spin_pays = 1,
     .send_mu = PTHREAD_MUTEX_INITIALIZER,
     .send_cv = PTHREAD_COND_INITIALIZER,
     .ring_mu = PTHREAD_MUTEX_INITIALIZER,
@@ -532,7 +534,9 @@ CUresult gwr_call(uint16_t op, const void *a, size_t na, const void *b, size_t n
     S.waiters = &w;
     pthread_mutex_unlock(&S.mu);
     send_frame(op, GWR_F_SYNC, seq, a, na, b, nb, 1); /* a failure ends the read below */
-    uint64_t spin_until = gwr_mono_ns() + GWR_SPIN_NS;
+    /* Poll for the reply while that pays: while the last call's came
+     * within the window (not a synchronize of a step's kernels). */
+    uint64_t sent = gwr_mono_ns(), spin_until = atomic_load_explicit(&S.spin_pays, memory_order_relaxed) ? sent + GWR_SPIN_NS : 0;
     pthread_mutex_lock(&S.mu);
     while (!w.done) {
         if (S.reading) { /* another call reads: it hands us our reply */
@@ -553,6 +557,7 @@ CUresult gwr_call(uint16_t op, const void *a, size_t na, const void *b, size_t n
         S.reading = 0;
         pthread_cond_broadcast(&S.cv); /* a call still waiting reads next */
     }
+    atomic_store_explicit(&S.spin_pays, gwr_mono_ns() - sent < GWR_SPIN_NS, memory_order_relaxed);
     for (struct waiter **pp = &S.waiters; *pp; pp = &(*pp)->next)
         if (*pp == &w) {
             *pp = w.next;

@@ -157,9 +157,20 @@ static struct {
     size_t at, end;
 } g_in;
 
-/* read_some reads the session; on a plain socket a descriptor passed with
+/* After a reply the client's next frame is mostly a round trip away (a
+ * program that synchronized launches its next step, in the gap the device
+ * sits idle): the next read polls for it that long (spin.h), while that
+ * pays, that is while the client's last frame after a reply came within the
+ * window. A client a relay away, or one that works between its steps, is
+ * not polled for. */
+#define SPIN_NS 60000u
+static uint64_t g_spin_until; /* poll until then before the next read; 0: do not */
+static uint64_t g_replied_ns; /* the last reply, until the next read */
+static int g_spin_pays = 1;
+
+/* read_socket reads the session; on a plain socket a descriptor passed with
  * the bytes is kept (one at a time) for the frame that names it. */
-static ssize_t read_some(void *dst, size_t n) {
+static ssize_t read_socket(void *dst, size_t n) {
     if (g_tls) return gwr_tls_read(g_tls, dst, n);
     union {
         struct cmsghdr c;
@@ -176,19 +187,23 @@ static ssize_t read_some(void *dst, size_t n) {
     return r;
 }
 
-/* After a reply the client's next frame is mostly a round trip away (a
- * program that synchronized launches its next step, in the gap the device
- * sits idle): the next read polls for it that long (spin.h). */
-#define SPIN_NS 60000u
-static uint64_t g_spin_until;
+/* read_some reads the session, polling first where a reply was just sent. */
+static ssize_t read_some(void *dst, size_t n) {
+    if (g_spin_until) {
+        gwr_spin_readable(g_fd, g_tls, g_spin_until);
+        g_spin_until = 0;
+    }
+    ssize_t r = read_socket(dst, n);
+    if (g_replied_ns) {
+        g_spin_pays = gwr_mono_ns() - g_replied_ns < SPIN_NS;
+        g_replied_ns = 0;
+    }
+    return r;
+}
 
 static int read_full(void *dst, size_t n) {
     uint8_t *p = dst;
     while (n) {
-        if (g_in.at == g_in.end && g_spin_until) {
-            gwr_spin_readable(g_fd, g_tls, g_spin_until);
-            g_spin_until = 0;
-        }
         if (g_in.at == g_in.end) {
             if (n >= sizeof g_in.buf / 2) { /* bulk: straight into place */
                 ssize_t r = read_some(p, n);
@@ -1059,7 +1074,8 @@ static int serve(void) {
         }
         uint32_t head = (uint32_t)res;
         if (send_frame(GWR_OP_REPLY, r.h.seq, &head, sizeof head, g_out.b, g_out.n)) return 0;
-        g_spin_until = gwr_mono_ns() + SPIN_NS;
+        g_replied_ns = gwr_mono_ns();
+        g_spin_until = g_spin_pays ? g_replied_ns + SPIN_NS : 0;
     }
     return 0;
 }
