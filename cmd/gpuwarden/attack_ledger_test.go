@@ -66,11 +66,16 @@ func truncatedWhileMapped(t *testing.T, m *simtest.Machine, agent *simtest.Agent
 	return dir
 }
 
-// TestAttackHostileLedgers: whatever a container leaves as its ledger, the
-// agent stays up, serves /metrics promptly, reports the other containers
-// as before, names the bad ledger, stays small, and stops on SIGTERM.
+// TestAttackHostileLedgers: whatever containers leave as their ledgers,
+// all at once, the agent stays up, serves /metrics promptly, reports the
+// other containers as before, names each bad ledger, stays small, and
+// stops on SIGTERM.
 func TestAttackHostileLedgers(t *testing.T) {
 	simtest.RequirePrivileged(t, "eBPF, cgroups and mknod")
+	m := simtest.NewMachine(t, 1, "16Gi")
+	agent := simtest.StartAgent(t, m)
+	good := startEnforced(t, m, agent, "good")
+	bad := map[string]string{} // dir by kind
 	for _, tc := range []struct {
 		name  string
 		plant hostileLedger
@@ -87,39 +92,36 @@ func TestAttackHostileLedgers(t *testing.T) {
 			return os.Truncate(p, 1<<40) // sparse: 1 TiB that costs nothing to make
 		})},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			m := simtest.NewMachine(t, 1, "16Gi")
-			agent := simtest.StartAgent(t, m)
-			good := startEnforced(t, m, agent, "good")
-			bad := tc.plant(t, m, agent)
-
-			// Several discovery rounds and scheduler ticks over the bad
-			// ledger, every scrape answered in time.
-			for range 10 {
-				if _, err := getWithin(agent, "/metrics", scrapeBound); err != nil {
-					t.Fatalf("/metrics under attack: %v", err)
-				}
-				time.Sleep(500 * time.Millisecond)
-			}
-			if rss := agentRSS(t, agent); rss > rssBound {
-				t.Errorf("agent RSS %d MiB under attack, bound %d MiB", rss>>20, rssBound>>20)
-			}
-			simtest.Eventually(t, 10*time.Second, func() error {
-				resp, err := containersWithin(agent, scrapeBound)
-				if err != nil {
-					return err
-				}
-				return listsMemory(resp, good, 1<<30)
-			})
-			if err := waitBadLedger(agent, bad, 20*time.Second); err != nil {
-				t.Error(err)
-			}
-			if b, err := getWithin(agent, "/healthz", scrapeBound); err != nil || strings.TrimSpace(string(b)) != "ok" {
-				t.Errorf("/healthz: %q %v", b, err)
-			}
-			stopWithin(t, agent, syscall.SIGTERM, stopBound)
-		})
+		bad[tc.name] = tc.plant(t, m, agent)
 	}
+
+	// Several discovery rounds and scheduler ticks over the bad ledgers,
+	// every scrape answered in time.
+	for range 10 {
+		if _, err := getWithin(agent, "/metrics", scrapeBound); err != nil {
+			t.Fatalf("/metrics under attack: %v", err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	if rss := agentRSS(t, agent); rss > rssBound {
+		t.Errorf("agent RSS %d MiB under attack, bound %d MiB", rss>>20, rssBound>>20)
+	}
+	simtest.Eventually(t, 10*time.Second, func() error {
+		resp, err := containersWithin(agent, scrapeBound)
+		if err != nil {
+			return err
+		}
+		return listsMemory(resp, good, 1<<30)
+	})
+	for kind, dir := range bad {
+		if err := waitBadLedger(agent, dir, 20*time.Second); err != nil {
+			t.Errorf("%s: %v", kind, err)
+		}
+	}
+	if b, err := getWithin(agent, "/healthz", scrapeBound); err != nil || strings.TrimSpace(string(b)) != "ok" {
+		t.Errorf("/healthz: %q %v", b, err)
+	}
+	stopWithin(t, agent, syscall.SIGTERM, stopBound)
 }
 
 // getWithin fetches path, failing after bound (a hung agent, not a slow one).
