@@ -8,6 +8,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,24 +16,55 @@ import (
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
 
-// The check's simulation mode, run as a user runs it on a GPU machine:
-// the bundle's run.sh. Every part passes on simgpu, the parts that need
-// NVIDIA's tools say why they were skipped, the figures come out, and the
-// machine is left as it was.
-func TestSimulationMode(t *testing.T) {
+// simulation is one run of the bundle's run.sh --simulate, as a user runs
+// it on a GPU machine, shared by the tests that read its report: every part
+// runs once per suite.
+var simulation struct {
+	once   sync.Once
+	out    string // its report directory
+	output []byte // what run.sh printed
+	pid    int
+	err    error
+}
+
+func simulated(t *testing.T) (out string, output []byte, pid int) {
+	t.Helper()
 	simtest.RequirePrivileged(t, "cgroups and eBPF")
 	runSh := filepath.Join(simtest.Root(t), "bin", "gpu-check", "run.sh")
 	if _, err := os.Stat(runSh); err != nil {
 		t.Fatalf("the bundle is missing (make gpu-check builds it; make test does first): %v", err)
 	}
-	out := t.TempDir()
-	start := time.Now()
-	cmd := exec.Command(runSh, "--simulate", out)
-	b, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("run.sh --simulate: %v\n%s", err, b)
+	simulation.once.Do(func() {
+		if simulation.out, simulation.err = os.MkdirTemp("", "gpu-check-simulated"); simulation.err != nil {
+			return
+		}
+		start := time.Now()
+		cmd := exec.Command(runSh, "--simulate", simulation.out)
+		simulation.output, simulation.err = cmd.CombinedOutput()
+		if cmd.Process != nil {
+			simulation.pid = cmd.Process.Pid
+		}
+		t.Logf("run.sh --simulate took %s", time.Since(start).Round(time.Second))
+	})
+	if simulation.err != nil {
+		t.Fatalf("run.sh --simulate: %v\n%s", simulation.err, simulation.output)
 	}
-	t.Logf("run.sh --simulate took %s", time.Since(start).Round(time.Second))
+	return simulation.out, simulation.output, simulation.pid
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if simulation.out != "" {
+		os.RemoveAll(simulation.out)
+	}
+	os.Exit(code)
+}
+
+// The check's simulation mode: every part passes on simgpu, the parts
+// that need NVIDIA's tools say why they were skipped, the figures come
+// out, and the machine is left as it was.
+func TestSimulationMode(t *testing.T) {
+	out, b, pid := simulated(t)
 	report, err := os.ReadFile(filepath.Join(out, "report.md"))
 	if err != nil {
 		t.Fatal(err)
@@ -86,7 +118,7 @@ func TestSimulationMode(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := os.Stat(filepath.Join(mnt, fmt.Sprintf("gpuwarden-check-%d", cmd.Process.Pid))); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(mnt, fmt.Sprintf("gpuwarden-check-%d", pid))); !os.IsNotExist(err) {
 		t.Errorf("the check's cgroups were left behind (%v)", err)
 	}
 	if ps, _ := exec.Command("pgrep", "-f", filepath.Join("gpu-check", "bin", "gpuwarden")).Output(); len(ps) > 0 {

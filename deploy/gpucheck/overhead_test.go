@@ -2,32 +2,20 @@ package gpucheck
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
 	"testing"
-
-	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
 )
 
-// Part 5 alone, from the bundle: the launching processes pinned, the three
-// shims timed beside the plain and interposer rows, three whole training
-// rounds, and the agent's own eBPF programs counted while it trained (the
-// mmap-lock tracepoint runs for every process, the exit tracepoint at least
-// for the trainer's threads).
+// Part 5, from the bundle's simulated run: the launching processes pinned,
+// the three shims timed beside the plain and interposer rows, three whole
+// training rounds, and the agent's own eBPF programs counted while it
+// trained (the mmap-lock tracepoint runs for every process, the exit
+// tracepoint at least for the trainer's threads).
 func TestOverheadPart(t *testing.T) {
-	simtest.RequirePrivileged(t, "cgroups and eBPF")
-	runSh := filepath.Join(simtest.Root(t), "bin", "gpu-check", "run.sh")
-	if _, err := os.Stat(runSh); err != nil {
-		t.Fatalf("the bundle is missing (make gpu-check builds it): %v", err)
-	}
-	out := t.TempDir()
-	b, err := exec.Command(runSh, "--simulate", "--parts", "5", out).CombinedOutput()
-	if err != nil {
-		t.Fatalf("run.sh --simulate --parts 5: %v\n%s", err, b)
-	}
+	out, _, _ := simulated(t)
 	report, err := os.ReadFile(filepath.Join(out, "report.md"))
 	if err != nil {
 		t.Fatal(err)
