@@ -36,10 +36,14 @@ const (
 	budgetLaunchRate     = 0.80 // zero-length kernels, a sync every 1,000
 	budgetRoundTripVeth  = 50.0 // µs
 	budgetRoundTripLocal = 40.0 // µs, over loopback
-	remoteBenchAddr      = "10.231.0.1"
-	remoteBenchClient    = "10.231.0.2"
-	remoteBenchNetemUs   = 50
-	remoteBenchTCPPort   = 7071 // gw-tcp's, beside the agent's 7070
+	// The agents do no per-call work on the data path: under one read or
+	// write of the GPU node's agent in 20 calls (its own background work
+	// during the run is counted too).
+	budgetAgentSyscallsPerCall = 0.05
+	remoteBenchAddr            = "10.231.0.1"
+	remoteBenchClient          = "10.231.0.2"
+	remoteBenchNetemUs         = 50
+	remoteBenchTCPPort         = 7071 // gw-tcp's, beside the agent's 7070
 )
 
 // benchNet is one way to reach the GPU node: a network namespace to run
@@ -141,7 +145,7 @@ func benchRemote(o options, stdout io.Writer) error {
 	}
 	setNetem(false)
 
-	r := &remoteRunner{m: m, creds: creds, nets: nets, setNetem: setNetem}
+	r := &remoteRunner{m: m, creds: creds, nets: nets, setNetem: setNetem, agentPID: agent.Process.Pid}
 	secs := fmt.Sprint(o.seconds)
 	for _, k := range []struct {
 		name   string
@@ -172,6 +176,22 @@ func benchRemote(o options, stdout io.Writer) error {
 	}
 	for net, most := range map[string]float64{"loopback": budgetRoundTripLocal, "veth": budgetRoundTripVeth} {
 		fmt.Fprintf(stdout, "BENCH remote_%s_sync_round_trip_us_within_budget %d bool\n", net, b2i(rtGot[net] <= most))
+	}
+	// What the GPU node's agent does per synchronous call: nothing once it
+	// handed the session over, a relay's reads and writes otherwise.
+	for _, n := range r.nets {
+		if n.name == "veth_netem50us" {
+			continue
+		}
+		per, err := r.agentSyscallsPerCall(n)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "BENCH remote_%s_server_agent_syscalls_per_sync_call %.3f syscalls\n", n.name, per)
+		if n.name == "veth" {
+			fmt.Fprintf(stdout, "BENCH remote_veth_server_agent_syscalls_per_sync_call_within_budget %d bool\n",
+				b2i(per < budgetAgentSyscallsPerCall))
+		}
 	}
 	// Launches a second (zero-length kernels, a sync every 1,000) and
 	// bandwidth, with gw-remote.
@@ -369,6 +389,7 @@ type remoteRunner struct {
 	creds    string
 	nets     []benchNet
 	setNetem func(on bool)
+	agentPID int // the GPU node's agent
 }
 
 func (r *remoteRunner) net(name string) benchNet {
@@ -402,6 +423,62 @@ func (r *remoteRunner) remote(n benchNet, prog string, args ...string) (map[stri
 	cmd := exec.CommandContext(ctx, "nsenter", append(all, args...)...)
 	cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // a client node: no simgpu, no driver
 	return benchLines(cmd)
+}
+
+// agentSyscallsPerCall runs a session of n of few and one of many
+// synchronous calls and returns the GPU node's agent's reads and writes
+// (syscr, syscw of its threads) per call between the two, so what a
+// session's start costs cancels out.
+func (r *remoteRunner) agentSyscallsPerCall(n benchNet) (float64, error) {
+	const few, many = 200, 2200
+	count := func(calls int) (uint64, error) {
+		before, err := procIOCalls(r.agentPID)
+		if err != nil {
+			return 0, err
+		}
+		if _, err := r.remote(n, "interposer/gw-remote", "roundtrip", strconv.Itoa(calls)); err != nil {
+			return 0, err
+		}
+		after, err := procIOCalls(r.agentPID)
+		return max(after, before) - before, err // a thread that ended takes its counts along
+	}
+	a, err := count(few)
+	if err != nil {
+		return 0, err
+	}
+	b, err := count(many)
+	if err != nil {
+		return 0, err
+	}
+	return max(float64(b)-float64(a), 0) / (many - few), nil
+}
+
+// procIOCalls is a process's read and write system calls so far, its own
+// threads' alone: /proc/PID/io also counts the children it reaped (a
+// session's worker).
+func procIOCalls(pid int) (uint64, error) {
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/io", pid))
+	if err != nil || len(tasks) == 0 {
+		return 0, fmt.Errorf("the threads of process %d: %v", pid, err)
+	}
+	var sum uint64
+	for _, task := range tasks {
+		b, err := os.ReadFile(task)
+		if err != nil {
+			continue // a thread that ended
+		}
+		for _, line := range strings.Split(string(b), "\n") {
+			k, v, ok := strings.Cut(line, ": ")
+			if ok && (k == "syscr" || k == "syscw") {
+				n, err := strconv.ParseUint(strings.TrimSpace(v), 10, 64)
+				if err != nil {
+					return 0, fmt.Errorf("%s: %s: %w", task, k, err)
+				}
+				sum += n
+			}
+		}
+	}
+	return sum, nil
 }
 
 func dataPath(relayed bool) string {
