@@ -122,20 +122,35 @@ func startHandedOver(t *testing.T, m *simtest.Machine, preload bool, env ...stri
 	}
 
 	// The library's agent: one connection, answered with its end.
-	dir, err := os.MkdirTemp("", "gwr")
+	t.Cleanup(func() { clientTCP.Close() }) // in case the library never connects
+	w.sock = serveLibrary(t, "handing the session to the library", func(c *net.UnixConn, hello []byte) error {
+		if takes, err := handover.Hello(hello); err != nil || !takes {
+			return fmt.Errorf("the library's hello does not take a handover (%v)", err)
+		}
+		defer clientTCP.Close() // once sent, the connection ends when the library's process does
+		return handover.Send(c, clientState, clientTCP)
+	})
+	return w
+}
+
+// serveLibrary serves a socket for the client library as its agent does
+// (returned): it accepts one connection, reads the library's hello, and
+// hands both to serve, whose error fails the test (as what).
+func serveLibrary(t *testing.T, what string, serve func(c *net.UnixConn, hello []byte) error) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "gwr") // short: a socket path has 108 bytes
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	w.sock = filepath.Join(dir, "s")
-	lis, err := net.ListenUnix("unix", &net.UnixAddr{Name: w.sock, Net: "unix"})
+	sock := filepath.Join(dir, "s")
+	lis, err := net.ListenUnix("unix", &net.UnixAddr{Name: sock, Net: "unix"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	served := make(chan error, 1)
 	go func() {
 		defer lis.Close()
-		defer clientTCP.Close() // once sent, the connection ends when the library's process does
 		c, err := lis.AcceptUnix()
 		if err != nil {
 			served <- err
@@ -147,19 +162,15 @@ func startHandedOver(t *testing.T, m *simtest.Machine, preload bool, env ...stri
 			served <- err
 			return
 		}
-		if takes, err := handover.Hello(hello); err != nil || !takes {
-			served <- fmt.Errorf("the library's hello does not take a handover (%v)", err)
-			return
-		}
-		served <- handover.Send(c, clientState, clientTCP)
+		served <- serve(c, hello)
 	}()
 	t.Cleanup(func() {
 		lis.Close()
 		if err := <-served; err != nil && !errors.Is(err, net.ErrClosed) {
-			t.Errorf("handing the session to the library: %v", err)
+			t.Errorf("%s: %v", what, err)
 		}
 	})
-	return w
+	return sock
 }
 
 // startRelayed starts a worker on m whose session goes through two Go
@@ -171,47 +182,17 @@ func startRelayed(t *testing.T, m *simtest.Machine, preload bool, env ...string)
 	w := startWorker(t, m, preload, env...)
 	p := tlsPair(t, true)
 	clientLink, serverLink := link.New(p.cEnd, 5*time.Second), link.New(p.goEnd, 5*time.Second)
-	dir, err := os.MkdirTemp("", "gwr")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
 	workerSock := w.sock
-	w.sock = filepath.Join(dir, "s")
-	lis, err := net.Listen("unix", w.sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() {
-		defer lis.Close()
-		c, err := lis.Accept()
-		if err != nil {
-			served <- err
-			return
-		}
-		hello := make([]byte, handover.HelloLen)
-		if _, err := io.ReadFull(c, hello); err != nil {
-			served <- err
-			return
-		}
+	w.sock = serveLibrary(t, "relaying the session", func(c *net.UnixConn, hello []byte) error {
 		wc, err := net.Dial("unix", workerSock)
 		if err == nil {
 			err = clientLink.SendData(hello)
 		}
 		if err != nil {
-			c.Close()
-			served <- err
-			return
+			return err
 		}
 		go func() { _ = serverLink.Relay(wc) }()
-		served <- clientLink.Relay(c)
-	}()
-	t.Cleanup(func() {
-		lis.Close()
-		if err := <-served; err != nil && !errors.Is(err, net.ErrClosed) {
-			t.Errorf("relaying the session: %v", err)
-		}
+		return clientLink.Relay(c)
 	})
 	return w
 }
