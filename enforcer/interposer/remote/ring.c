@@ -56,27 +56,21 @@ uint8_t *gwr_ring_slot(const struct gwr_ring *r, uint32_t slot) {
     return r->base + GWR_RING_HDR + (size_t)slot * GWR_RING_SLOT_BYTES;
 }
 
-static uint64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
 int gwr_ring_take(struct gwr_ring *r, uint32_t first, int timeout_ms) {
     uint32_t slot = first + r->next;
-    uint64_t until = now_ms() + (uint64_t)timeout_ms;
+    uint64_t now = gwr_mono_ns(), until = now + (uint64_t)timeout_ms * 1000000u;
     uint32_t v;
     /* The other side empties a slot in about the time this one fills one:
      * watch for it a while before sleeping (spin.h). */
-    for (uint64_t spin = timeout_ms ? gwr_mono_ns() + GWR_RING_SPIN_NS : 0;
+    for (uint64_t spin = timeout_ms ? now + GWR_RING_SPIN_NS : 0;
          atomic_load_explicit(&r->state[slot], memory_order_acquire) && gwr_mono_ns() < spin;)
         __builtin_ia32_pause();
     while ((v = atomic_load_explicit(&r->state[slot], memory_order_acquire)) != 0) {
-        uint64_t t = now_ms();
+        uint64_t t = gwr_mono_ns();
         if (t >= until) return -1;
         /* 2: filled, and its filler sleeps on it (the emptier wakes it) */
         if (v == 1 && !atomic_compare_exchange_strong(&r->state[slot], &v, 2)) continue;
-        struct timespec ts = {0, (long)(until - t < 100 ? until - t : 100) * 1000000L};
+        struct timespec ts = {0, (long)(until - t < 100000000u ? until - t : 100000000u)}; /* at most 100 ms */
         /* any other value is the client's scribble: sleep on it all the same */
         syscall(SYS_futex, &r->state[slot], FUTEX_WAIT, v == 1 ? 2 : v, &ts, NULL, 0);
     }
