@@ -452,6 +452,37 @@ func TestRemoteFlush(t *testing.T) {
 	}
 }
 
+// TestRemoteWaitPolicy: a synchronize waits for its reply as the driver
+// waits for the device: on a default context it polls, so a reply within
+// 20 ms costs the waiting thread no sleep (in one of five tries at least:
+// on a loaded machine a reply can come later); on a context created with
+// CU_CTX_SCHED_BLOCKING_SYNC it sleeps in every wait of a 50 ms kernel.
+func TestRemoteWaitPolicy(t *testing.T) {
+	m := simtest.NewMachine(t, 1, "8Gi")
+	sleeps := func(flags, ms string) []int {
+		w := startWorker(t, m, true, "GPUWARDEN_MEMORY_LIMIT=2Gi") // a worker serves one session
+		out, _ := output(t, w.remote(t, simtest.Bin(t, "interposer/gw-remote"), "wait", flags, ms))
+		var got []int
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			n, err := strconv.Atoi(strings.TrimPrefix(line, "sleeps "))
+			if err != nil {
+				t.Fatalf("gw-remote wait printed %q", out)
+			}
+			got = append(got, n)
+		}
+		if len(got) != 5 {
+			t.Fatalf("gw-remote wait printed %q, want five waits", out)
+		}
+		return got
+	}
+	if auto := sleeps("0", "2"); !slices.Contains(auto, 0) {
+		t.Errorf("default context: the thread slept in every wait for a 2 ms kernel %v: it did not poll", auto)
+	}
+	if blocking := sleeps("4", "50"); slices.Contains(blocking, 0) {
+		t.Errorf("CU_CTX_SCHED_BLOCKING_SYNC: a wait for a 50 ms kernel without sleeping %v: it polled", blocking)
+	}
+}
+
 // TestRemoteThreads: threads of one client, each on its own stream, share
 // the session; every reply reaches the thread that asked.
 func TestRemoteThreads(t *testing.T) {

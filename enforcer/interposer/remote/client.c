@@ -38,7 +38,17 @@
 
 #define GWR_BATCH (64u << 10)
 #define GWR_FLUSH_NS 200000L        /* a batch waits at most this long for company */
-#define GWR_SPIN_NS 30000u          /* a synchronous call polls this long for its reply before it sleeps */
+/* A synchronous call waits for its reply as the driver waits for the
+ * device by default (CU_CTX_SCHED_AUTO): it polls, so a reply that comes
+ * within GWR_POLL_NS (a synchronize of a step's kernels, mostly) costs no
+ * wake-up, which on a virtual machine is tens of microseconds to a few
+ * hundred; past it, a wake-up is a small part of the wait and the call
+ * sleeps. Past a round trip (GWR_SPIN_NS) it gives the core away between
+ * polls. A context created with CU_CTX_SCHED_BLOCKING_SYNC sleeps at once,
+ * and so does a session through the relays: its replies are two relays and
+ * well over GWR_SPIN_NS away, and the relays need the cores. */
+#define GWR_SPIN_NS 30000u
+#define GWR_POLL_NS 20000000u
 #define GWR_HELLO_TIMEOUT_MS 5000   /* connecting is the only wait with a timeout of its own */
 
 struct waiter {
@@ -61,7 +71,6 @@ static struct {
     int state; /* 0 not connected, 1 connected, 2 dead */
     int reading; /* a waiting call reads replies for all */
     struct waiter *waiters;
-    _Atomic int spin_pays; /* the last call's reply came within GWR_SPIN_NS */
 
     pthread_mutex_t send_mu; /* the batch and the socket's write side */
     pthread_cond_t send_cv;  /* the batch became non-empty */
@@ -76,7 +85,6 @@ static struct {
     .cv = PTHREAD_COND_INITIALIZER,
     .fd = -1,
     .ctl = -1,
-    .spin_pays = 1,
     .send_mu = PTHREAD_MUTEX_INITIALIZER,
     .send_cv = PTHREAD_COND_INITIALIZER,
     .ring_mu = PTHREAD_MUTEX_INITIALIZER,
@@ -532,11 +540,10 @@ CUresult gwr_call(uint16_t op, const void *a, size_t na, const void *b, size_t n
     }
     w.next = S.waiters;
     S.waiters = &w;
+    int relayed = !S.tls && !S.ring.base;
     pthread_mutex_unlock(&S.mu);
     send_frame(op, GWR_F_SYNC, seq, a, na, b, nb, 1); /* a failure ends the read below */
-    /* Poll for the reply while that pays: while the last call's came
-     * within the window (not a synchronize of a step's kernels). */
-    uint64_t sent = gwr_mono_ns(), spin_until = atomic_load_explicit(&S.spin_pays, memory_order_relaxed) ? sent + GWR_SPIN_NS : 0;
+    uint64_t sent = gwr_mono_ns(), spin_until = gwr_cur_blocking_sync() || relayed ? 0 : sent + GWR_POLL_NS;
     pthread_mutex_lock(&S.mu);
     while (!w.done) {
         if (S.reading) { /* another call reads: it hands us our reply */
@@ -547,7 +554,7 @@ CUresult gwr_call(uint16_t op, const void *a, size_t na, const void *b, size_t n
         int fd = S.fd;
         struct gwr_tls *tls = S.tls;
         pthread_mutex_unlock(&S.mu);
-        if (tls || R.at == R.end) gwr_spin_readable(fd, tls, spin_until);
+        if (tls || R.at == R.end) gwr_spin_readable(fd, tls, sent + GWR_SPIN_NS, spin_until);
         if (read_one(fd, tls)) {
             kill_session();
             wake_all_dead();
@@ -557,7 +564,6 @@ CUresult gwr_call(uint16_t op, const void *a, size_t na, const void *b, size_t n
         S.reading = 0;
         pthread_cond_broadcast(&S.cv); /* a call still waiting reads next */
     }
-    atomic_store_explicit(&S.spin_pays, gwr_mono_ns() - sent < GWR_SPIN_NS, memory_order_relaxed);
     for (struct waiter **pp = &S.waiters; *pp; pp = &(*pp)->next)
         if (*pp == &w) {
             *pp = w.next;

@@ -19,6 +19,7 @@ struct CUctx_st {
     int dev;
     int primary;
     int refs; /* primary contexts: this process's retains */
+    int blocking_sync; /* created with CU_CTX_SCHED_BLOCKING_SYNC: its calls sleep for replies */
 };
 
 /* handles.c: streams, events, modules, graphs, graph execs and pools */
@@ -45,6 +46,7 @@ void gwr_alloc_forget_all(void);
 CUresult gwr_connect(void);                 /* once per process (and again after fork) */
 uint64_t gwr_new_id(void);                  /* a fresh handle name */
 uint64_t gwr_cur_ctx(void);                 /* the calling thread's context's id, or 0 (cuda.c) */
+int gwr_cur_blocking_sync(void);            /* the calling thread's context sleeps for replies (cuda.c) */
 CUresult gwr_async(uint16_t op, const void *a, size_t na, const void *b, size_t nb);
 /* gwr_call sends a request and waits for its reply; out gets the reply's
  * outputs (*nout their length); bulk gets GWR_OP_DATA frames. */

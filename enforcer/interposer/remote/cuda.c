@@ -257,6 +257,11 @@ uint64_t gwr_cur_ctx(void) {
     return ctx_valid(c) ? c->id : 0;
 }
 
+int gwr_cur_blocking_sync(void) {
+    const struct CUctx_st *c = tl_depth ? tl_stack[tl_depth - 1] : NULL;
+    return ctx_valid(c) && c->blocking_sync;
+}
+
 static struct CUctx_st *ctx_new(CUdevice dev, int primary) {
     struct CUctx_st *c = calloc(1, sizeof *c);
     if (!c) return NULL;
@@ -305,6 +310,7 @@ static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev) {
     if (tl_depth == CTX_STACK) return CUDA_ERROR_INVALID_VALUE;
     struct CUctx_st *c = ctx_new(dev, 0);
     if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
+    c->blocking_sync = (flags & CU_CTX_SCHED_MASK) == CU_CTX_SCHED_BLOCKING_SYNC;
     CUresult rc = rq(GWR_OP_CTX_CREATE, NULL, 0, "qii", Q(c->id), I(flags), I(dev));
     if (rc) {
         free(c); /* never handed out */

@@ -190,7 +190,7 @@ static ssize_t read_socket(void *dst, size_t n) {
 /* read_some reads the session, polling first where a reply was just sent. */
 static ssize_t read_some(void *dst, size_t n) {
     if (g_spin_until) {
-        gwr_spin_readable(g_fd, g_tls, g_spin_until);
+        gwr_spin_readable(g_fd, g_tls, g_spin_until, g_spin_until);
         g_spin_until = 0;
     }
     ssize_t r = read_socket(dst, n);

@@ -19,13 +19,17 @@
  *                 done, unless the launch waited for the query to be sent
  *   fork          prints "ready", waits for a line on stdin, forks: the child uses the GPU
  *                 (CUDA and NVML) in a session of its own, then the parent goes on in its own
+ *   wait FLAGS MS on a context created with FLAGS, five synchronizes of an MS ms kernel each:
+ *                 the times the waiting thread slept in each (voluntary context switches)
  */
+#define _GNU_SOURCE
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -360,6 +364,30 @@ static int flush(void) {
     return 0;
 }
 
+static int wait_sleeps(unsigned flags, uint64_t ms) {
+    CUcontext c;
+    CUdevice dev;
+    CUmodule m;
+    CUfunction f;
+    CHECK(cuInit(0));
+    CHECK(cuDeviceGet(&dev, 0));
+    CHECK(cuCtxCreate_v2(&c, flags, dev));
+    CHECK(cuModuleLoadData(&m, record_image));
+    CHECK(cuModuleGetFunction(&f, m, "sleep"));
+    CHECK(cuCtxSynchronize());
+    for (int i = 0; i < 5; i++) {
+        uint64_t ns = ms * 1000000ull;
+        void *kp[] = {&ns};
+        CHECK(cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, kp, NULL));
+        struct rusage a, b;
+        getrusage(RUSAGE_THREAD, &a);
+        CHECK(cuCtxSynchronize());
+        getrusage(RUSAGE_THREAD, &b);
+        printf("sleeps %ld\n", b.ru_nvcsw - a.ru_nvcsw);
+    }
+    return 0;
+}
+
 static CUcontext g_ctx;
 static CUfunction g_sleep;
 
@@ -459,6 +487,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "fork")) return fork_check();
     if (!strcmp(cmd, "flush")) return flush();
     if (!strcmp(cmd, "images")) return images();
-    fprintf(stderr, "usage: gw-remote params|quota BYTES|async|hold|module|launches N|queries N|bandwidth MIB|roundtrip N|threads N|images|flush|fork\n");
+    if (!strcmp(cmd, "wait") && argc > 3) return wait_sleeps((unsigned)strtoul(argv[2], NULL, 0), strtoull(argv[3], NULL, 10));
+    fprintf(stderr, "usage: gw-remote params|quota BYTES|async|hold|module|launches N|queries N|bandwidth MIB|roundtrip N|threads N|images|flush|fork|wait FLAGS MS\n");
     return 2;
 }
