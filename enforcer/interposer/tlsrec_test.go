@@ -425,6 +425,24 @@ func TestTLSRecordLayer(t *testing.T) {
 	}
 }
 
+// TestTLSRecordPaths: the record layer's two bulk paths (VAES on 512-bit
+// registers, AES-NI on 128-bit ones) seal every record length alike and
+// open each other's records. TestTLSRecordLayer checks the path this CPU
+// takes against Go's TLS; this carries that to the other.
+func TestTLSRecordPaths(t *testing.T) {
+	out, err := exec.Command(simtest.Bin(t, "interposer/gw-tlsrec"), "agree").CombinedOutput()
+	if err != nil {
+		t.Fatalf("gw-tlsrec agree: %v\n%s", err, out)
+	}
+	var lengths, wide int
+	if _, err := fmt.Sscanf(string(out), "agree %d wide %d", &lengths, &wide); err != nil || lengths != 4100 {
+		t.Fatalf("gw-tlsrec agree printed %q, want 4100 lengths", out)
+	}
+	if wide == 0 {
+		t.Skip("this CPU has no VAES and VPCLMULQDQ on 512-bit registers: only the AES-NI path runs here")
+	}
+}
+
 // rawWrite writes bytes to the Go end's socket, under its records.
 func rawWrite(t *testing.T, p *tlsConn, b []byte) {
 	t.Helper()

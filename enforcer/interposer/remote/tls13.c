@@ -5,8 +5,12 @@
  * GCM's GHASH works on byte-reversed blocks (the bit order PCLMULQDQ
  * multiplies in, shifted by one) and folds eight blocks per reduction with
  * H^1..H^8; the counter blocks are encrypted eight at a time. Those are
- * what make a core reach GB/s. */
+ * what make a core reach GB/s. Where the CPU has VAES and VPCLMULQDQ on
+ * 512-bit registers, bulk data goes sixteen blocks at a time, four to a
+ * register, folded with H^1..H^16: about twice the rate, which on a small
+ * machine is CPU the network stack gets back. */
 #define _GNU_SOURCE
+#include <cpuid.h>
 #include <errno.h>
 #include <immintrin.h>
 #include <pthread.h>
@@ -18,6 +22,7 @@
 #include "tls13.h"
 
 #define TARGET __attribute__((target("aes,pclmul,sse4.1,ssse3")))
+#define TARGET_WIDE __attribute__((target("aes,pclmul,sse4.1,ssse3,avx2,avx512f,avx512bw,vaes,vpclmulqdq")))
 
 enum { CT_ALERT = 21, CT_HANDSHAKE = 22, CT_DATA = 23 };
 enum { HS_KEY_UPDATE = 24, ALERT_CLOSE_NOTIFY = 0 };
@@ -32,6 +37,7 @@ enum { HS_KEY_UPDATE = 24, ALERT_CLOSE_NOTIFY = 0 };
 struct gcm {
     __m128i rk[11]; /* AES-128 round keys */
     __m128i h[8];   /* H^1..H^8, byte-reversed */
+    __m128i hr[16]; /* H^16..H^1: four to a 512-bit register, block j's power first */
     uint8_t iv[12];
 };
 
@@ -141,7 +147,61 @@ static TARGET void gcm_init(struct gcm *g, const uint8_t key[16], const uint8_t 
 #undef STEP
     g->h[0] = bswap(aes(rk, _mm_setzero_si128()));
     for (int i = 1; i < 8; i++) g->h[i] = gf_mul(g->h[i - 1], g->h[0]);
+    g->hr[15] = g->h[0];
+    for (int i = 14; i >= 0; i--) g->hr[i] = gf_mul(g->hr[i + 1], g->h[0]);
     memcpy(g->iv, iv, sizeof g->iv);
+}
+
+static int g_wide_ok; /* VAES and VPCLMULQDQ on 512-bit registers (gwr_tls_supported) */
+static int g_narrow;  /* gwr_tls_wide(0) was called */
+static int g_wide;    /* g_wide_ok and not g_narrow */
+
+static TARGET_WIDE __m128i fold_lanes(__m512i z) {
+    __m256i t = _mm256_xor_si256(_mm512_castsi512_si256(z), _mm512_extracti64x4_epi64(z, 1));
+    return _mm_xor_si128(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+}
+
+/* gcm_wide runs gcm()'s bulk loop 256 bytes at a time over as much of
+ * p[0, n) as it can and returns how much; *ctr (the last counter used)
+ * and *x (the hash so far) go on from there. */
+static TARGET_WIDE size_t gcm_wide(const struct gcm *g, __m128i *ctr, __m128i *x, uint8_t *p, size_t n,
+                                   int sealing) {
+    const __m512i rev = _mm512_broadcast_i32x4(_mm_set_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+    const __m512i step = _mm512_set_epi32(0, 0, 0, 4, 0, 0, 0, 3, 0, 0, 0, 2, 0, 0, 0, 1);
+    const __m512i four = _mm512_set_epi32(0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, 4, 0, 0, 0, 4);
+    __m512i rk[11], hz[4], base = _mm512_broadcast_i32x4(*ctr);
+    for (int i = 0; i < 11; i++) rk[i] = _mm512_broadcast_i32x4(g->rk[i]);
+    for (int k = 0; k < 4; k++) hz[k] = _mm512_loadu_si512((const void *)&g->hr[4 * k]);
+    size_t at = 0;
+    for (; n - at >= 256; at += 256) {
+        __m512i b[4], c[4], cv = _mm512_add_epi32(base, step);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            b[j] = _mm512_xor_si512(_mm512_shuffle_epi8(cv, rev), rk[0]);
+            cv = _mm512_add_epi32(cv, four);
+            c[j] = _mm512_loadu_si512((const void *)(p + at + 64 * j));
+        }
+        base = _mm512_add_epi32(base, _mm512_slli_epi32(four, 2));
+#pragma GCC unroll 9
+        for (int i = 1; i < 10; i++)
+#pragma GCC unroll 4
+            for (int j = 0; j < 4; j++) b[j] = _mm512_aesenc_epi128(b[j], rk[i]);
+        __m512i lo = _mm512_setzero_si512(), mid = lo, hi = lo;
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; j++) {
+            b[j] = _mm512_xor_si512(_mm512_aesenclast_epi128(b[j], rk[10]), c[j]);
+            _mm512_storeu_si512((void *)(p + at + 64 * j), b[j]);
+            __m512i d = _mm512_shuffle_epi8(sealing ? b[j] : c[j], rev);
+            if (j == 0) d = _mm512_xor_si512(d, _mm512_zextsi128_si512(*x));
+            lo = _mm512_xor_si512(lo, _mm512_clmulepi64_epi128(d, hz[j], 0x00));
+            hi = _mm512_xor_si512(hi, _mm512_clmulepi64_epi128(d, hz[j], 0x11));
+            mid = _mm512_xor_si512(mid, _mm512_xor_si512(_mm512_clmulepi64_epi128(d, hz[j], 0x01),
+                                                         _mm512_clmulepi64_epi128(d, hz[j], 0x10)));
+        }
+        *x = reduce(fold_lanes(lo), fold_lanes(mid), fold_lanes(hi));
+    }
+    *ctr = _mm512_castsi512_si128(base);
+    return at;
 }
 
 /* GCM over p[0, n) in place (RFC 5116's AEAD_AES_128_GCM with a 12-byte
@@ -158,7 +218,7 @@ static TARGET void gcm(const struct gcm *g, const uint8_t nonce[12], const uint8
     memset(blk, 0, sizeof blk);
     memcpy(blk, aad, naad);
     __m128i x = gf_mul(bswap(_mm_loadu_si128((const __m128i *)blk)), g->h[0]);
-    size_t at = 0;
+    size_t at = g_wide ? gcm_wide(g, &ctr, &x, p, n, sealing) : 0;
     for (; n - at >= 128; at += 128) {
         __m128i b[8], c[8], lo = _mm_setzero_si128(), mid = lo, hi = lo;
 #pragma GCC unroll 8
@@ -268,8 +328,21 @@ ssize_t gwr_tls_open(struct gwr_tls *t, uint8_t *rec, uint8_t *type) {
 
 int gwr_tls_supported(void) {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("aes") && __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1") &&
-           __builtin_cpu_supports("ssse3");
+    int ok = __builtin_cpu_supports("aes") && __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1") &&
+             __builtin_cpu_supports("ssse3");
+    /* avx512f and avx512bw are also the OS's word that it saves 512-bit
+     * registers; VAES and VPCLMULQDQ are CPUID leaf 7's ECX bits 9 and 10. */
+    unsigned a, b, c, d;
+    g_wide_ok = ok && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 9)) && (c & (1u << 10));
+    g_wide = g_wide_ok && !g_narrow;
+    return ok;
+}
+
+int gwr_tls_wide(int on) {
+    g_narrow = !on;
+    gwr_tls_supported();
+    return g_wide;
 }
 
 struct gwr_tls *gwr_tls_new(int fd, const struct gwr_tls_state *st) {

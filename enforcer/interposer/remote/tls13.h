@@ -34,6 +34,10 @@ struct gwr_tls_state {
 /* gwr_tls_supported: 1 if this CPU has what the cipher needs (AES-NI,
  * PCLMULQDQ, SSSE3, SSE4.1); otherwise gwr_tls_new fails with ENOTSUP. */
 int gwr_tls_supported(void);
+/* gwr_tls_wide, for the tests of both paths: on, bulk data goes through
+ * VAES on 512-bit registers where the CPU has it (the default); off, on
+ * 128-bit registers only. It returns whether the wide path is in use. */
+int gwr_tls_wide(int on);
 
 /* gwr_tls_new continues the connection on fd from st; NULL with errno
  * ENOTSUP (another suite, or the CPU lacks AES-NI), EINVAL or ENOMEM. The

@@ -10,7 +10,12 @@
  *                                  the peer for one after UPDATE_AFTER bytes, and then
  *                                  close_notify; meanwhile the data read is checked against
  *                                  the same pattern
- *   speed MIB                      seals and opens MIB MiB of 16 KiB records in memory
+ *   speed MIB                      seals and opens MIB MiB of 16 KiB records in memory, on
+ *                                  the wide path and on the narrow one (tls13.c)
+ *   agree                          seals records of every length from 0 to 4 KiB and of the
+ *                                  largest lengths on both paths: the records must be the
+ *                                  same, and each path must open the other's; prints
+ *                                  "agree N wide W" (W 0: this CPU has no wide path)
  *
  * The connection modes read the state from stdin, one line: the suite in
  * hex, the write and read secrets in hex, the write and read sequence
@@ -39,7 +44,7 @@ static void die(const char *what) {
 
 static void usage(void) {
     fprintf(stderr, "usage: gw-tlsrec --fd N echo [UPDATE_AFTER] | gw-tlsrec --fd N duplex SEND [UPDATE_AFTER] | "
-                    "gw-tlsrec speed MIB\n");
+                    "gw-tlsrec speed MIB | gw-tlsrec agree\n");
     exit(2);
 }
 
@@ -132,7 +137,8 @@ static double now_s(void) {
 }
 
 /* Both directions share one secret, so the records sealed are opened back. */
-static int speed(uint64_t mib) {
+/* speed_path prints the seal and open rates of the path in use, as NAME_seal_... */
+static void speed_path(uint64_t mib, const char *name) {
     struct gwr_tls_state st = {.suite = GWR_TLS_AES_128_GCM_SHA256, .write_seq = 7, .read_seq = 7};
     memset(st.write_secret, 0x5a, sizeof st.write_secret);
     memset(st.read_secret, 0x5a, sizeof st.read_secret);
@@ -157,14 +163,75 @@ static int speed(uint64_t mib) {
         open += now_s() - t1;
     }
     double total = (double)rounds * SPEED_RECORDS * GWR_TLS_MAX_PLAIN / (1 << 20);
-    printf("BENCH tls_record_seal_mib_per_sec %.0f MiB/s\nBENCH tls_record_open_mib_per_sec %.0f MiB/s\n",
-           total / seal, total / open);
+    printf("BENCH %s_seal_mib_per_sec %.0f MiB/s\nBENCH %s_open_mib_per_sec %.0f MiB/s\n", name, total / seal, name,
+           total / open);
     gwr_tls_free(t);
+}
+
+static int speed(uint64_t mib) {
+    printf("BENCH tls_record_wide_available %d bool\n", gwr_tls_wide(1));
+    speed_path(mib, "tls_record");
+    gwr_tls_wide(0);
+    speed_path(mib, "tls_record_narrow");
+    return 0;
+}
+
+/* sealed seals n bytes of a pattern (then the type byte) with a fresh
+ * state on the path given into rec; the record's length. */
+static size_t sealed(int wide, size_t n, uint8_t *rec) {
+    struct gwr_tls_state st = {.suite = GWR_TLS_AES_128_GCM_SHA256, .write_seq = 3, .read_seq = 3};
+    memset(st.write_secret, 0xa5, sizeof st.write_secret);
+    memset(st.read_secret, 0xa5, sizeof st.read_secret);
+    gwr_tls_wide(wide);
+    struct gwr_tls *t = gwr_tls_new(0, &st);
+    if (!t) die("gwr_tls_new");
+    for (size_t i = 0; i < n; i++) rec[GWR_TLS_HDR + i] = (uint8_t)(i * 7 + n);
+    rec[GWR_TLS_HDR + n] = 23;
+    size_t len = gwr_tls_seal(t, rec, n + 1);
+    gwr_tls_free(t);
+    return len;
+}
+
+/* opened opens rec on the path given and checks it holds sealed's pattern. */
+static int opened(int wide, uint8_t *rec, size_t n) {
+    struct gwr_tls_state st = {.suite = GWR_TLS_AES_128_GCM_SHA256, .write_seq = 3, .read_seq = 3};
+    memset(st.write_secret, 0xa5, sizeof st.write_secret);
+    memset(st.read_secret, 0xa5, sizeof st.read_secret);
+    gwr_tls_wide(wide);
+    struct gwr_tls *t = gwr_tls_new(0, &st);
+    if (!t) die("gwr_tls_new");
+    uint8_t type;
+    ssize_t got = gwr_tls_open(t, rec, &type);
+    gwr_tls_free(t);
+    if (got != (ssize_t)n || type != 23) return 0;
+    for (size_t i = 0; i < n; i++)
+        if (rec[GWR_TLS_HDR + i] != (uint8_t)(i * 7 + n)) return 0;
+    return 1;
+}
+
+static int agree(void) {
+    static uint8_t a[GWR_TLS_MAX_RECORD], b[GWR_TLS_MAX_RECORD];
+    int wide = gwr_tls_wide(1), lengths = 0;
+    for (size_t n = 0; n <= GWR_TLS_MAX_PLAIN; n = n < 4096 ? n + 1 : n + 4096) {
+        size_t la = sealed(1, n, a), lb = sealed(0, n, b);
+        if (la != lb || memcmp(a, b, la)) {
+            fprintf(stderr, "gw-tlsrec: a record of %zu bytes differs between the paths\n", n);
+            return 1;
+        }
+        memcpy(b, a, la);
+        if (!opened(0, a, n) || !opened(1, b, n)) {
+            fprintf(stderr, "gw-tlsrec: a record of %zu bytes does not open on the other path\n", n);
+            return 1;
+        }
+        lengths++;
+    }
+    printf("agree %d wide %d\n", lengths, wide);
     return 0;
 }
 
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "speed")) return speed(count(argv[2]));
+    if (argc == 2 && !strcmp(argv[1], "agree")) return agree();
     if (argc < 4 || strcmp(argv[1], "--fd")) usage();
     int fd = (int)count(argv[2]);
     if (!strcmp(argv[3], "echo") && argc <= 5) return run(fd, 0, 0, argc == 5 ? count(argv[4]) : 0);

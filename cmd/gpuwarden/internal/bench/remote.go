@@ -259,6 +259,20 @@ func (r *remoteRunner) tcpCeiling(server *benchNetNS, remote map[string]map[stri
 	}
 	// Kernel TLS would let the endpoints hold the encrypted socket themselves.
 	fmt.Fprintf(stdout, "BENCH remote_ktls_available %d bool\n", int(ktls))
+	// What one core of the endpoints' record layer seals and opens, on the
+	// path this CPU takes (VAES where it has it) and on AES-NI alone.
+	cipher, err := benchLines(exec.Command(filepath.Join(r.m.Bin, "interposer/gw-tlsrec"), "speed", "256"))
+	if err != nil {
+		return err
+	}
+	for _, k := range []string{"tls_record_wide_available", "tls_record_seal_mib_per_sec", "tls_record_open_mib_per_sec",
+		"tls_record_narrow_seal_mib_per_sec", "tls_record_narrow_open_mib_per_sec"} {
+		unit := "MiB/s"
+		if k == "tls_record_wide_available" {
+			unit = "bool"
+		}
+		fmt.Fprintf(stdout, "BENCH remote_%s %.0f %s\n", k, cipher[k], unit)
+	}
 	for _, n := range r.nets {
 		if n.local != "" {
 			continue // no network to compare with
