@@ -137,13 +137,20 @@ static double now_s(void) {
 }
 
 /* Both directions share one secret, so the records sealed are opened back. */
-/* speed_path prints the seal and open rates of the path in use, as NAME_seal_... */
-static void speed_path(uint64_t mib, const char *name) {
+/* in_memory is a record layer whose records stay in memory (fd 0 is never
+ * used), both ways on the same keys, so it opens what it sealed. */
+static struct gwr_tls *in_memory(void) {
     struct gwr_tls_state st = {.suite = GWR_TLS_AES_128_GCM_SHA256, .write_seq = 7, .read_seq = 7};
     memset(st.write_secret, 0x5a, sizeof st.write_secret);
     memset(st.read_secret, 0x5a, sizeof st.read_secret);
-    struct gwr_tls *t = gwr_tls_new(0, &st); /* fd 0 is never used: the records stay in memory */
+    struct gwr_tls *t = gwr_tls_new(0, &st);
     if (!t) die("gwr_tls_new");
+    return t;
+}
+
+/* speed_path prints the seal and open rates of the path in use, as NAME_seal_... */
+static void speed_path(uint64_t mib, const char *name) {
+    struct gwr_tls *t = in_memory();
     static uint8_t rec[SPEED_RECORDS][GWR_TLS_MAX_RECORD];
     double seal = 0, open = 0;
     uint64_t rounds = mib * 1024 / (GWR_TLS_MAX_PLAIN / 1024) / SPEED_RECORDS + 1;
@@ -179,12 +186,8 @@ static int speed(uint64_t mib) {
 /* sealed seals n bytes of a pattern (then the type byte) with a fresh
  * state on the path given into rec; the record's length. */
 static size_t sealed(int wide, size_t n, uint8_t *rec) {
-    struct gwr_tls_state st = {.suite = GWR_TLS_AES_128_GCM_SHA256, .write_seq = 3, .read_seq = 3};
-    memset(st.write_secret, 0xa5, sizeof st.write_secret);
-    memset(st.read_secret, 0xa5, sizeof st.read_secret);
     gwr_tls_wide(wide);
-    struct gwr_tls *t = gwr_tls_new(0, &st);
-    if (!t) die("gwr_tls_new");
+    struct gwr_tls *t = in_memory();
     for (size_t i = 0; i < n; i++) rec[GWR_TLS_HDR + i] = (uint8_t)(i * 7 + n);
     rec[GWR_TLS_HDR + n] = 23;
     size_t len = gwr_tls_seal(t, rec, n + 1);
@@ -194,12 +197,8 @@ static size_t sealed(int wide, size_t n, uint8_t *rec) {
 
 /* opened opens rec on the path given and checks it holds sealed's pattern. */
 static int opened(int wide, uint8_t *rec, size_t n) {
-    struct gwr_tls_state st = {.suite = GWR_TLS_AES_128_GCM_SHA256, .write_seq = 3, .read_seq = 3};
-    memset(st.write_secret, 0xa5, sizeof st.write_secret);
-    memset(st.read_secret, 0xa5, sizeof st.read_secret);
     gwr_tls_wide(wide);
-    struct gwr_tls *t = gwr_tls_new(0, &st);
-    if (!t) die("gwr_tls_new");
+    struct gwr_tls *t = in_memory();
     uint8_t type;
     ssize_t got = gwr_tls_open(t, rec, &type);
     gwr_tls_free(t);
