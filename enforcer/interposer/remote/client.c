@@ -31,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "blocks.h"
 #include "client.h"
 #include "handover.h"
 #include "ring.h"
@@ -136,31 +137,16 @@ static int read_full(int fd, struct gwr_tls *tls, void *dst, size_t n) {
     return 0;
 }
 
-/* The session's plain frames are read in blocks, so that a frame's header
- * and fields cost one system call, not one each; bulk data longer than
- * half a block still goes straight to its place. Only the reading call
- * touches the block (TLS records have their own). */
-static struct {
-    uint8_t b[64 << 10];
-    size_t at, end;
-} R;
+/* The session's plain frames are read in blocks (blocks.h). Only the
+ * reading call touches the block; TLS records have their own. */
+static uint8_t g_block[64 << 10];
+static struct gwr_blocks R = {.b = g_block, .cap = sizeof g_block};
+
+static ssize_t read_plain(void *fd, void *dst, size_t max) { return read(*(int *)fd, dst, max); }
 
 static int read_session(int fd, struct gwr_tls *tls, void *dst, size_t n) {
     if (tls) return read_full(fd, tls, dst, n);
-    uint8_t *p = dst;
-    while (n) {
-        if (R.at == R.end) {
-            if (n >= sizeof R.b / 2) return read_full(fd, NULL, p, n);
-            ssize_t r = read(fd, R.b, sizeof R.b);
-            if (r < 0 && errno == EINTR) continue;
-            if (r <= 0) return -1;
-            R.at = 0, R.end = (size_t)r;
-        }
-        size_t k = R.end - R.at < n ? R.end - R.at : n;
-        memcpy(p, R.b + R.at, k);
-        R.at += k, p += k, n -= k;
-    }
-    return 0;
+    return gwr_blocks_read(&R, dst, n, read_plain, &fd) == 1 ? 0 : -1;
 }
 
 /* write_iov writes it all; MSG_NOSIGNAL: a dead worker is an error to

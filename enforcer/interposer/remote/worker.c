@@ -36,6 +36,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include "blocks.h"
 #include "cuda.h"
 #include "handover.h"
 #include "nvml.h"
@@ -152,10 +153,8 @@ static CUresult stream_of(uint64_t id, CUstream *out) {
 /* ------------------------------------------------------------------------ */
 /* I/O                                                                       */
 
-static struct {
-    uint8_t buf[256 << 10];
-    size_t at, end;
-} g_in;
+static uint8_t g_block[256 << 10];
+static struct gwr_blocks g_in = {.b = g_block, .cap = sizeof g_block}; /* the session's plain frames (blocks.h) */
 
 /* After a reply the client's next frame is mostly a round trip away (a
  * program that synchronized launches its next step, in the gap the device
@@ -201,29 +200,13 @@ static ssize_t read_some(void *dst, size_t n) {
     return r;
 }
 
-static int read_full(void *dst, size_t n) {
-    uint8_t *p = dst;
-    while (n) {
-        if (g_in.at == g_in.end) {
-            if (n >= sizeof g_in.buf / 2) { /* bulk: straight into place */
-                ssize_t r = read_some(p, n);
-                if (r < 0 && errno == EINTR) continue;
-                if (r <= 0) return r == 0 ? 0 : -1;
-                p += r, n -= (size_t)r;
-                continue;
-            }
-            ssize_t r = read_some(g_in.buf, sizeof g_in.buf);
-            if (r < 0 && errno == EINTR) continue;
-            if (r <= 0) return r == 0 ? 0 : -1;
-            g_in.at = 0;
-            g_in.end = (size_t)r;
-        }
-        size_t k = g_in.end - g_in.at < n ? g_in.end - g_in.at : n;
-        memcpy(p, g_in.buf + g_in.at, k);
-        g_in.at += k, p += k, n -= k;
-    }
-    return 1;
+static ssize_t read_more(void *ctx, void *dst, size_t max) {
+    (void)ctx;
+    return read_some(dst, max);
 }
+
+/* read_full reads n bytes of the session: 1, 0 at its end, -1 on an error. */
+static int read_full(void *dst, size_t n) { return gwr_blocks_read(&g_in, dst, n, read_more, NULL); }
 
 static int write_all(const struct iovec *iov, int n) {
     if (g_tls) return gwr_tls_writev(g_tls, iov, n);
@@ -1122,7 +1105,7 @@ static void take_over(void) {
     if (gwr_recv_hdr(g_fd, hdr, &fd)) exit(0); /* closed before anything came */
     if (gwr_get_hdr(hdr, &h) || h.op != GWR_OP_HANDOVER) {
         if (fd >= 0) die("protocol error: a socket came with frame op %u", h.op);
-        memcpy(g_in.buf, hdr, sizeof hdr);
+        memcpy(g_in.b, hdr, sizeof hdr);
         g_in.at = 0, g_in.end = sizeof hdr;
         return;
     }
