@@ -252,14 +252,20 @@ static __thread int tl_depth;
 
 static int ctx_valid(const struct CUctx_st *c) { return c && c->magic == GWR_CTX_MAGIC; }
 
+/* cur is the calling thread's current context, or NULL: none, or destroyed. */
+static struct CUctx_st *cur(void) {
+    struct CUctx_st *c = tl_depth ? tl_stack[tl_depth - 1] : NULL;
+    return ctx_valid(c) ? c : NULL;
+}
+
 uint64_t gwr_cur_ctx(void) {
-    const struct CUctx_st *c = tl_depth ? tl_stack[tl_depth - 1] : NULL;
-    return ctx_valid(c) ? c->id : 0;
+    const struct CUctx_st *c = cur();
+    return c ? c->id : 0;
 }
 
 int gwr_cur_blocking_sync(void) {
-    const struct CUctx_st *c = tl_depth ? tl_stack[tl_depth - 1] : NULL;
-    return ctx_valid(c) && c->blocking_sync;
+    const struct CUctx_st *c = cur();
+    return c && c->blocking_sync;
 }
 
 static struct CUctx_st *ctx_new(CUdevice dev, int primary) {
@@ -387,8 +393,8 @@ GWR_EXPORT CUresult cuCtxPopCurrent_v2(CUcontext *pctx) {
 
 static CUresult current(struct CUctx_st **out) {
     READY();
-    struct CUctx_st *c = tl_depth ? tl_stack[tl_depth - 1] : NULL;
-    if (!ctx_valid(c)) return CUDA_ERROR_INVALID_CONTEXT;
+    struct CUctx_st *c = cur();
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
     *out = c;
     return CUDA_SUCCESS;
 }

@@ -152,9 +152,8 @@ static TARGET void gcm_init(struct gcm *g, const uint8_t key[16], const uint8_t 
     memcpy(g->iv, iv, sizeof g->iv);
 }
 
-static int g_wide_ok; /* VAES and VPCLMULQDQ on 512-bit registers (gwr_tls_supported) */
-static int g_narrow;  /* gwr_tls_wide(0) was called */
-static int g_wide;    /* g_wide_ok and not g_narrow */
+static int g_narrow; /* gwr_tls_wide(0) was called */
+static int g_wide;   /* VAES and VPCLMULQDQ on 512-bit registers, and not g_narrow (gwr_tls_supported) */
 
 static TARGET_WIDE __m128i fold_lanes(__m512i z) {
     __m256i t = _mm256_xor_si256(_mm512_castsi512_si256(z), _mm512_extracti64x4_epi64(z, 1));
@@ -333,9 +332,8 @@ int gwr_tls_supported(void) {
     /* avx512f and avx512bw are also the OS's word that it saves 512-bit
      * registers; VAES and VPCLMULQDQ are CPUID leaf 7's ECX bits 9 and 10. */
     unsigned a, b, c, d;
-    g_wide_ok = ok && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 9)) && (c & (1u << 10));
-    g_wide = g_wide_ok && !g_narrow;
+    g_wide = ok && !g_narrow && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __get_cpuid_count(7, 0, &a, &b, &c, &d) && (c & (1u << 9)) && (c & (1u << 10));
     return ok;
 }
 

@@ -32,7 +32,8 @@ struct gwr_tls_state {
 };
 
 /* gwr_tls_supported: 1 if this CPU has what the cipher needs (AES-NI,
- * PCLMULQDQ, SSSE3, SSE4.1); otherwise gwr_tls_new fails with ENOTSUP. */
+ * PCLMULQDQ, SSSE3, SSE4.1); otherwise gwr_tls_new fails with ENOTSUP. It
+ * also picks the bulk path: the wide one where the CPU has it. */
 int gwr_tls_supported(void);
 /* gwr_tls_wide, for the tests of both paths: on, bulk data goes through
  * VAES on 512-bit registers where the CPU has it (the default); off, on

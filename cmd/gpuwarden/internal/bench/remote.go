@@ -265,13 +265,10 @@ func (r *remoteRunner) tcpCeiling(server *benchNetNS, remote map[string]map[stri
 	if err != nil {
 		return err
 	}
-	for _, k := range []string{"tls_record_wide_available", "tls_record_seal_mib_per_sec", "tls_record_open_mib_per_sec",
-		"tls_record_narrow_seal_mib_per_sec", "tls_record_narrow_open_mib_per_sec"} {
-		unit := "MiB/s"
-		if k == "tls_record_wide_available" {
-			unit = "bool"
-		}
-		fmt.Fprintf(stdout, "BENCH remote_%s %.0f %s\n", k, cipher[k], unit)
+	for _, row := range []struct{ key, unit string }{{"tls_record_wide_available", "bool"},
+		{"tls_record_seal_mib_per_sec", "MiB/s"}, {"tls_record_open_mib_per_sec", "MiB/s"},
+		{"tls_record_narrow_seal_mib_per_sec", "MiB/s"}, {"tls_record_narrow_open_mib_per_sec", "MiB/s"}} {
+		fmt.Fprintf(stdout, "BENCH remote_%s %.0f %s\n", row.key, cipher[row.key], row.unit)
 	}
 	for _, n := range r.nets {
 		if n.local != "" {
