@@ -16,6 +16,7 @@ import (
 
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
 	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/handover"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/pki"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
 	"github.com/gpuwarden/gpuwarden/simgpu/simtest"
@@ -178,6 +179,9 @@ func TestRemoteWorkloadRuns(t *testing.T) {
 		t.Run(path, func(t *testing.T) {
 			r.dataPath = path
 			testRemoteWorkloadRuns(t, r, path)
+			if path == session.PathDirect {
+				wantRecordsWhereKernelSays(t, r)
+			}
 		})
 	}
 	// On the GPU node itself: the worker's own socket, no TLS.
@@ -191,6 +195,23 @@ func TestRemoteWorkloadRuns(t *testing.T) {
 			}
 			return nil
 		})
+	})
+}
+
+// wantRecordsWhereKernelSays: the agent said at start whether this kernel
+// carries TLS records, and a handed-over session's worker sealed its
+// records where it said.
+func wantRecordsWhereKernelSays(t *testing.T, r *remoteRig) {
+	t.Helper()
+	said, records := "remote: kernel TLS unavailable", ", over TLS, records in user space (kernel TLS: "
+	if handover.KernelTLS() == nil {
+		said, records = "remote: kernel TLS available", ", over TLS, records in the kernel"
+	}
+	simtest.Eventually(t, 10*time.Second, func() error { // the worker's last line comes as it exits
+		if l := r.agent.Log(); !strings.Contains(l, said) || !strings.Contains(l, records) {
+			return fmt.Errorf("the agent's log lacks %q or the worker's %q:\n%s", said, records, l)
+		}
+		return nil
 	})
 }
 

@@ -36,8 +36,8 @@ $(BIN)/interposer/gw-envcheck: $(GW_DIR)/tests/gw_envcheck.c $(GW_DIR)/src/env.c
 # (libcuda.so.1 and libnvidia-ml.so.1 are both this file), and the worker
 # that runs a remote session's calls on the GPU node.
 GWR_DIR    := $(GW_DIR)/remote
-GWR_HDR    := $(GWR_DIR)/proto.h $(GWR_DIR)/client.h $(GWR_DIR)/tls13.h $(GWR_DIR)/handover.h $(GWR_DIR)/ring.h $(GWR_DIR)/spin.h $(GWR_DIR)/blocks.h simgpu/include/cuda.h simgpu/include/cuda_procaddr.h simgpu/include/cuda_errors.h simgpu/include/nvml.h simgpu/include/nvml_errors.h
-GWR_COMMON := $(GWR_DIR)/decode.c $(GWR_DIR)/sha256.c $(GWR_DIR)/tls13.c $(GWR_DIR)/handover.c $(GWR_DIR)/ring.c $(GWR_DIR)/spin.c $(GWR_DIR)/blocks.c
+GWR_HDR    := $(GWR_DIR)/proto.h $(GWR_DIR)/client.h $(GWR_DIR)/tls13.h $(GWR_DIR)/ktls.h $(GWR_DIR)/handover.h $(GWR_DIR)/ring.h $(GWR_DIR)/spin.h $(GWR_DIR)/blocks.h simgpu/include/cuda.h simgpu/include/cuda_procaddr.h simgpu/include/cuda_errors.h simgpu/include/nvml.h simgpu/include/nvml_errors.h
+GWR_COMMON := $(GWR_DIR)/decode.c $(GWR_DIR)/sha256.c $(GWR_DIR)/tls13.c $(GWR_DIR)/ktls.c $(GWR_DIR)/handover.c $(GWR_DIR)/ring.c $(GWR_DIR)/spin.c $(GWR_DIR)/blocks.c
 GWR_CLIENT := $(GWR_DIR)/client.c $(GWR_DIR)/cuda.c $(GWR_DIR)/nvml.c $(GWR_DIR)/procaddr.c $(GWR_DIR)/handles.c $(GWR_DIR)/allocs.c $(GWR_COMMON)
 
 BUILD_TARGETS += $(BIN)/remote/libgpuwarden-remote.so $(BIN)/remote/libcuda.so.1 $(BIN)/remote/libnvidia-ml.so.1 \
@@ -73,6 +73,29 @@ $(BIN)/interposer/gw-tcp: $(GW_DIR)/tests/gw_tcp.c
 
 # The remote record layer on its own, driven by the Go tests from the other end of a TLS connection.
 BUILD_TARGETS += $(BIN)/interposer/gw-tlsrec
-$(BIN)/interposer/gw-tlsrec: $(GW_DIR)/tests/gw_tlsrec.c $(GWR_DIR)/tls13.c $(GWR_DIR)/sha256.c $(GWR_DIR)/tls13.h $(GWR_DIR)/proto.h
+$(BIN)/interposer/gw-tlsrec: $(GW_DIR)/tests/gw_tlsrec.c $(GWR_DIR)/tls13.c $(GWR_DIR)/ktls.c $(GWR_DIR)/sha256.c $(GWR_DIR)/tls13.h $(GWR_DIR)/ktls.h $(GWR_DIR)/proto.h
 	@mkdir -p $(@D)
-	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -Werror -pthread -I$(GWR_DIR) -o $@ $< $(GWR_DIR)/tls13.c $(GWR_DIR)/sha256.c
+	$(CC) -std=gnu11 -O2 -g -Wall -Wextra -Werror -pthread -I$(GWR_DIR) -o $@ $< $(GWR_DIR)/tls13.c $(GWR_DIR)/ktls.c $(GWR_DIR)/sha256.c
+
+# Kernel TLS under a kernel that has it: this machine's may not (the tls
+# module, Linux 6.14 for key updates), where TestTLSRecordLayer's kernel
+# half and handover's TestKernelTLS skip or see a refusal, and a
+# handed-over session's records stay in user space; tests/uml.sh boots one
+# as a process (Debian unstable's User-Mode Linux, fetched once into
+# GPUWARDEN_UML_CACHE) and runs those there, with the CUDA conformance
+# suite over a handed-over session, required to take the kernel's path.
+DEPS_KTLS := patchelf busybox-static iproute2
+DEPS_TEST += $(DEPS_KTLS)
+
+KTLS_TESTS := $(abspath $(BIN))/interposer/handover.test -test.run '^TestKernelTLS$$' -test.v -test.count=1 && \
+	$(abspath $(BIN))/interposer/interposer.test -test.run '^TestTLSRecordLayer$$/^kernel$$' -test.v -test.count=1 && \
+	$(abspath $(BIN))/interposer/interposer.test -test.run '^TestRemoteCUDAConformance$$/^tls$$' -test.v -test.count=1
+
+.PHONY: ktls-test
+ktls-test: build ## Run only the kernel TLS tests, under a kernel that has kernel TLS (root the first time)
+	@.ci/deps.sh $(DEPS_KTLS)
+	$(GO) test -c -o $(abspath $(BIN))/interposer/interposer.test ./$(GW_DIR)
+	$(GO) test -c -o $(abspath $(BIN))/interposer/handover.test ./enforcer/remote/handover
+	cd $(GW_DIR) && GPUWARDEN_REQUIRE_KERNEL_TLS=1 tests/uml.sh run sh -c "$(KTLS_TESTS)"
+
+TEST_EXTRA += ktls-test

@@ -336,8 +336,11 @@ func TestRemoteCUDAConformance(t *testing.T) {
 			if err := w.wait(t, 10*time.Second); err != nil {
 				t.Fatalf("worker: %v; stderr:\n%s", err, w.errb)
 			}
-			if want := map[string]string{"unix": ", bulk ring\n", "tls": ", over TLS\n", "relayed": ", plain\n"}[c.name]; !strings.HasSuffix(w.errb.String(), want) {
+			if want := map[string]string{"unix": ", bulk ring\n", "tls": ", over TLS, records in ", "relayed": ", plain\n"}[c.name]; !strings.Contains(w.errb.String(), want) {
 				t.Errorf("the worker's session was not %q: %s", want, w.errb)
+			}
+			if c.name == "tls" && os.Getenv("GPUWARDEN_REQUIRE_KERNEL_TLS") == "1" && !strings.Contains(w.errb.String(), "records in the kernel") {
+				t.Errorf("GPUWARDEN_REQUIRE_KERNEL_TLS=1, but the worker's records were not the kernel's: %s", w.errb)
 			}
 		})
 	}

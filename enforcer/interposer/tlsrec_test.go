@@ -164,8 +164,9 @@ func tlsPair(t *testing.T, cClient bool) *tlsConn {
 	return p
 }
 
-// handOver exports c's state and hands its socket raw to gw-tlsrec with args.
-func handOver(t *testing.T, c *tls.Conn, raw net.Conn, args ...string) *tlsRec {
+// handOver exports c's state and hands its socket raw to gw-tlsrec with
+// args; kernel: its records must be the kernel's (gw-tlsrec --kernel).
+func handOver(t *testing.T, kernel bool, c *tls.Conn, raw net.Conn, args ...string) *tlsRec {
 	t.Helper()
 	bin := simtest.Bin(t, "interposer/gw-tlsrec")
 	st, err := handover.Export(c)
@@ -182,7 +183,11 @@ func handOver(t *testing.T, c *tls.Conn, raw net.Conn, args ...string) *tlsRec {
 	defer f.Close()
 	r := &tlsRec{state: st, done: make(chan error, 1)}
 	ctx, cancel := context.WithTimeout(context.Background(), tlsRecTimeout)
-	r.cmd = exec.CommandContext(ctx, bin, append([]string{"--fd", "3"}, args...)...)
+	args = append([]string{"--fd", "3"}, args...)
+	if kernel {
+		args = append([]string{"--kernel"}, args...)
+	}
+	r.cmd = exec.CommandContext(ctx, bin, args...)
 	r.cmd.ExtraFiles = []*os.File{f}
 	r.cmd.Stdin = strings.NewReader(fmt.Sprintf("%04x %x %x %d %d\n", st.Suite, st.WriteSecret, st.ReadSecret,
 		st.WriteSeq, st.ReadSeq))
@@ -198,10 +203,38 @@ func handOver(t *testing.T, c *tls.Conn, raw net.Conn, args ...string) *tlsRec {
 }
 
 // startTLSRec hands the C end of a new connection to gw-tlsrec with args.
-func startTLSRec(t *testing.T, cClient bool, args ...string) (*tlsConn, *tlsRec) {
+func startTLSRec(t *testing.T, kernel, cClient bool, args ...string) (*tlsConn, *tlsRec) {
 	t.Helper()
 	p := tlsPair(t, cClient)
-	return p, handOver(t, p.cEnd, p.cRaw, args...)
+	return p, handOver(t, kernel, p.cEnd, p.cRaw, args...)
+}
+
+// kernelTLSOrSkip skips t, with what the kernel refused, unless the kernel
+// takes both directions of a handed-over connection (under
+// GPUWARDEN_REQUIRE_KERNEL_TLS=1, set where tests/uml.sh boots a kernel
+// that has it, it fails instead); where it does, a message goes through it
+// and back.
+func kernelTLSOrSkip(t *testing.T) {
+	t.Helper()
+	p, r := startTLSRec(t, true, true, "echo")
+	msg := []byte("through the kernel")
+	if _, err := p.goEnd.Write(msg); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(p.goEnd, make([]byte, len(msg))); err != nil {
+		if r.wait(t) == 3 {
+			if os.Getenv("GPUWARDEN_REQUIRE_KERNEL_TLS") == "1" {
+				t.Fatalf("GPUWARDEN_REQUIRE_KERNEL_TLS=1: %s", r.stderr.String())
+			}
+			t.Skipf("the kernel here does not take the records: %s",
+				strings.TrimPrefix(strings.TrimSpace(r.stderr.String()), "gw-tlsrec: "))
+		}
+		t.Fatalf("echo through kernel TLS: %v (gw-tlsrec: %s)", err, r.stderr.String())
+	}
+	if err := p.goEnd.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r.wantExit(t, len(msg), nil)
 }
 
 // wait returns gw-tlsrec's exit code.
@@ -220,11 +253,18 @@ func (r *tlsRec) wait(t *testing.T) int {
 }
 
 // wantExit checks gw-tlsrec ended with 0 and "read n", or with 1 and
-// want's reason (strerror's words are Go's, capitalized).
+// want's reason (strerror's words are Go's, capitalized); errEnded: with 1
+// and any reason a read gave, or with 0 and "read n".
 func (r *tlsRec) wantExit(t *testing.T, n int, want error) {
 	t.Helper()
 	code := r.wait(t)
 	out, stderr := strings.TrimSpace(r.stdout.String()), strings.TrimSpace(r.stderr.String())
+	if want == errEnded {
+		if (code != 1 || !strings.HasPrefix(stderr, "gw-tlsrec: read: ")) && (code != 0 || out != fmt.Sprintf("read %d", n)) {
+			t.Fatalf("gw-tlsrec: exit %d, stdout %q, stderr %q; want the session ended", code, out, stderr)
+		}
+		return
+	}
 	if want == nil {
 		if code != 0 || out != fmt.Sprintf("read %d", n) {
 			t.Fatalf("gw-tlsrec: exit %d, stdout %q, stderr %q; want 0 and read %d", code, out, stderr, n)
@@ -235,6 +275,10 @@ func (r *tlsRec) wantExit(t *testing.T, n int, want error) {
 		t.Fatalf("gw-tlsrec: exit %d, stderr %q; want 1 and %q", code, stderr, want.Error())
 	}
 }
+
+// errEnded is what the kernel's record layer is held to where it, not
+// gw-tlsrec, judges a record: the session ends, whatever errno says.
+var errEnded = errors.New("the session ended")
 
 // pattern is byte i of what either end sends in the duplex case.
 func pattern(at, n int) []byte {
@@ -353,16 +397,26 @@ func (e *rawEnd) recv(t *testing.T) (byte, []byte) {
 // records of every size with KeyUpdates on the way, KeyUpdates either end
 // asks for, padding, empty records and close_notify; and it ends a
 // connection on a tampered record (EBADMSG), on a record that may not come
-// (EPROTO) and on an error alert (ECONNRESET).
+// (EPROTO) and on an error alert (ECONNRESET). All of it with the records
+// in user space, and again with the kernel's (kernel TLS), where the
+// kernel has it.
 func TestTLSRecordLayer(t *testing.T) {
+	t.Run("user", func(t *testing.T) { tlsRecordLayer(t, false) })
+	t.Run("kernel", func(t *testing.T) {
+		kernelTLSOrSkip(t)
+		tlsRecordLayer(t, true)
+	})
+}
+
+func tlsRecordLayer(t *testing.T, kernel bool) {
 	for _, cClient := range []bool{true, false} {
 		role := map[bool]string{true: "c-client", false: "c-server"}[cClient]
-		t.Run("duplex/"+role, func(t *testing.T) { tlsDuplex(t, cClient) })
-		t.Run("echo-keyupdate/"+role, func(t *testing.T) { tlsEchoKeyUpdate(t, cClient) })
+		t.Run("duplex/"+role, func(t *testing.T) { tlsDuplex(t, kernel, cClient) })
+		t.Run("echo-keyupdate/"+role, func(t *testing.T) { tlsEchoKeyUpdate(t, kernel, cClient) })
 	}
-	t.Run("duplex/c-both", tlsDuplexC)
+	t.Run("duplex/c-both", func(t *testing.T) { tlsDuplexC(t, kernel) })
 	t.Run("tampered", func(t *testing.T) {
-		p, r := startTLSRec(t, true, "echo")
+		p, r := startTLSRec(t, kernel, true, "echo")
 		msg := []byte("checked")
 		p.flip.arm(3)
 		for i := range 3 {
@@ -378,30 +432,33 @@ func TestTLSRecordLayer(t *testing.T) {
 		}
 		r.wantExit(t, 0, syscall.EBADMSG)
 	})
+	// kernelJudges: the kernel refuses these records itself, with errors
+	// of its own; the rest it passes up for the record layer to judge.
 	unexpected := []struct {
-		name string
-		want error
-		send func(t *testing.T, p *tlsConn)
+		name         string
+		want         error
+		kernelJudges bool
+		send         func(t *testing.T, p *tlsConn)
 	}{
-		{"plaintext-handshake", syscall.EPROTO, func(t *testing.T, p *tlsConn) {
+		{"plaintext-handshake", syscall.EPROTO, true, func(t *testing.T, p *tlsConn) {
 			rawWrite(t, p, []byte{22, 3, 3, 0, 5, 24, 0, 0, 1, 0})
 		}},
-		{"too-long", syscall.EPROTO, func(t *testing.T, p *tlsConn) {
+		{"too-long", syscall.EPROTO, true, func(t *testing.T, p *tlsConn) {
 			rawWrite(t, p, []byte{23, 3, 3, 0x41, 0x01}) // 2^14 + 257 bytes to follow
 		}},
-		{"eof-inside-record", syscall.EPROTO, func(t *testing.T, p *tlsConn) {
+		{"eof-inside-record", syscall.EPROTO, true, func(t *testing.T, p *tlsConn) {
 			rawWrite(t, p, append([]byte{23, 3, 3, 0, 100}, make([]byte, 50)...))
 			if err := p.goRaw.(*net.TCPConn).CloseWrite(); err != nil {
 				t.Fatal(err)
 			}
 		}},
-		{"session-ticket", syscall.EPROTO, func(t *testing.T, p *tlsConn) {
+		{"session-ticket", syscall.EPROTO, false, func(t *testing.T, p *tlsConn) {
 			exportRaw(t, p).send(t, 22, []byte{4, 0, 0, 4, 0, 0, 0, 0}, 0)
 		}},
-		{"key-update-bad", syscall.EPROTO, func(t *testing.T, p *tlsConn) {
+		{"key-update-bad", syscall.EPROTO, false, func(t *testing.T, p *tlsConn) {
 			exportRaw(t, p).send(t, 22, []byte{24, 0, 0, 1, 2}, 0)
 		}},
-		{"padding-only", syscall.EPROTO, func(t *testing.T, p *tlsConn) {
+		{"padding-only", syscall.EPROTO, true, func(t *testing.T, p *tlsConn) {
 			e := exportRaw(t, p)
 			inner := make([]byte, 20)
 			hdr := []byte{23, 3, 3, 0, byte(len(inner) + 16)}
@@ -409,18 +466,32 @@ func TestTLSRecordLayer(t *testing.T) {
 				t.Fatal(err)
 			}
 		}},
-		{"change-cipher-spec", syscall.EPROTO, func(t *testing.T, p *tlsConn) {
+		{"change-cipher-spec", syscall.EPROTO, false, func(t *testing.T, p *tlsConn) {
 			exportRaw(t, p).send(t, 20, []byte{1}, 0)
 		}},
-		{"error-alert", syscall.ECONNRESET, func(t *testing.T, p *tlsConn) {
+		{"error-alert", syscall.ECONNRESET, false, func(t *testing.T, p *tlsConn) {
 			exportRaw(t, p).send(t, 21, []byte{2, 40}, 0)
 		}},
 	}
 	for _, u := range unexpected {
 		t.Run("unexpected/"+u.name, func(t *testing.T) {
-			p, r := startTLSRec(t, false, "echo")
+			p, r := startTLSRec(t, kernel, false, "echo")
+			// One message through first: the record layer holds the
+			// connection (the kernel cannot take one the peer has begun
+			// to close) and works, before what follows ends it.
+			msg := []byte("before")
+			if _, err := p.goEnd.Write(msg); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadFull(p.goEnd, make([]byte, len(msg))); err != nil {
+				t.Fatalf("echo: %v (gw-tlsrec: %s)", err, r.stderr.String())
+			}
 			u.send(t, p)
-			r.wantExit(t, 0, u.want)
+			if kernel && u.kernelJudges {
+				r.wantExit(t, len(msg), errEnded)
+				return
+			}
+			r.wantExit(t, len(msg), u.want)
 		})
 	}
 }
@@ -456,9 +527,9 @@ func rawWrite(t *testing.T, p *tlsConn, b []byte) {
 // answers while both write. gw-tlsrec's close_notify ends Go's reading,
 // and then Go's ends gw-tlsrec's (Go does not close first: a KeyUpdate
 // crypto/tls cannot answer, it does not take either).
-func tlsDuplex(t *testing.T, cClient bool) {
+func tlsDuplex(t *testing.T, kernel, cClient bool) {
 	const toC, fromC = 5 << 20, 6 << 20
-	p, r := startTLSRec(t, cClient, "duplex", fmt.Sprint(fromC), fmt.Sprint(2<<20))
+	p, r := startTLSRec(t, kernel, cClient, "duplex", fmt.Sprint(fromC), fmt.Sprint(2<<20))
 	werr := make(chan error, 1)
 	go func() {
 		next := sizes(40000)
@@ -503,10 +574,10 @@ func tlsDuplex(t *testing.T, cClient bool) {
 // tlsDuplexC: gw-tlsrec at both ends, each asking the other for a
 // KeyUpdate while both write: the answers go out from the reading thread
 // between the writing thread's records.
-func tlsDuplexC(t *testing.T) {
+func tlsDuplexC(t *testing.T, kernel bool) {
 	p := tlsPair(t, true)
-	a := handOver(t, p.goEnd, p.goRaw, "duplex", fmt.Sprint(7<<20), fmt.Sprint(1<<20))
-	b := handOver(t, p.cEnd, p.cRaw, "duplex", fmt.Sprint(5<<20), fmt.Sprint(3<<20))
+	a := handOver(t, kernel, p.goEnd, p.goRaw, "duplex", fmt.Sprint(7<<20), fmt.Sprint(1<<20))
+	b := handOver(t, kernel, p.cEnd, p.cRaw, "duplex", fmt.Sprint(5<<20), fmt.Sprint(3<<20))
 	a.wantExit(t, 5<<20, nil)
 	b.wantExit(t, 7<<20, nil)
 }
@@ -517,8 +588,8 @@ func tlsDuplexC(t *testing.T) {
 // Go end's state is taken out of crypto/tls to send what it does not: an
 // empty record, a padded one, a KeyUpdate asking gw-tlsrec for one, and
 // close_notify, all in step with gw-tlsrec's sequence numbers.
-func tlsEchoKeyUpdate(t *testing.T, cClient bool) {
-	p, r := startTLSRec(t, cClient, "echo", fmt.Sprint(1<<20))
+func tlsEchoKeyUpdate(t *testing.T, kernel, cClient bool) {
+	p, r := startTLSRec(t, kernel, cClient, "echo", fmt.Sprint(1<<20))
 	next := sizes(64 << 10)
 	total := 0
 	for round := 0; total < 2<<20; round++ {

@@ -9,7 +9,9 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include "sha256.c" /* the record layer's other source: TestCFuzzers builds a harness with one */
+/* The record layer's other sources: TestCFuzzers builds a harness with one. */
+#include "ktls.c"
+#include "sha256.c"
 #include "tls13.h"
 
 #define MAX_FEED (64 << 10) /* what the socket buffers without a reader */

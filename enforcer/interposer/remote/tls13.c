@@ -8,16 +8,21 @@
  * what make a core reach GB/s. Where the CPU has VAES and VPCLMULQDQ on
  * 512-bit registers, bulk data goes sixteen blocks at a time, four to a
  * register, folded with H^1..H^16: about twice the rate, which on a small
- * machine is CPU the network stack gets back. */
+ * machine is CPU the network stack gets back.
+ *
+ * Where the kernel carries TLS (ktls.h), the record layer hands it each
+ * direction it takes, and is left with what is not application data. */
 #define _GNU_SOURCE
 #include <cpuid.h>
 #include <errno.h>
 #include <immintrin.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 
+#include "ktls.h"
 #include "proto.h"
 #include "tls13.h"
 
@@ -33,6 +38,14 @@ enum { HS_KEY_UPDATE = 24, ALERT_CLOSE_NOTIFY = 0 };
 /* Records sealed before one send, and received by one read at most: a
  * MiB of bulk data costs 8 system calls each way rather than 64. */
 #define BATCH 8
+
+/* With the kernel's records: a read smaller than this goes through rbuf,
+ * so that a KeyUpdate or an alert is taken whole; the sending sequence
+ * number is read back from the kernel every SEQ_CHECK_WRITES writes or
+ * SEQ_CHECK_BYTES bytes (each far inside KEY_UPDATE_EVERY's margin). */
+#define KERNEL_SMALL_READ 64
+#define SEQ_CHECK_WRITES 4096
+#define SEQ_CHECK_BYTES (1ull << 30)
 
 struct gcm {
     __m128i rk[11]; /* AES-128 round keys */
@@ -54,6 +67,10 @@ struct gwr_tls {
     int werr, rerr;      /* sticky errno of each side */
     int closed;          /* close_notify sent: nothing more goes out, a KeyUpdate answer neither */
     int eof;
+    int ktx, krx;        /* the kernel seals what is sent, opens what is received (ktls.h) */
+    const char *kwhat;   /* what the kernel refused, with kerr: why not ktx and krx */
+    int kerr;
+    uint64_t kwrites, kbytes; /* since the sending sequence number was read back */
     size_t rpos, rend;    /* rbuf[rpos, rend): received, not yet taken */
     size_t plain, nplain; /* the current record's content not yet read: rbuf[plain, plain + nplain) */
     size_t wlen;          /* sealed records in wbuf, not yet sent */
@@ -277,6 +294,17 @@ static void next_secret(struct half *h) {
     h->seq = 0;
 }
 
+/* kernel_key gives the kernel h's key for the direction (ktls.h). */
+static int kernel_key(const struct gwr_tls *t, const struct half *h, int tx) {
+    uint8_t key[16], iv[12];
+    expand_label(h->secret, "key", key, sizeof key);
+    expand_label(h->secret, "iv", iv, sizeof iv);
+    int rc = gwr_ktls_set_key(t->fd, tx, key, iv, h->seq);
+    explicit_bzero(key, sizeof key);
+    explicit_bzero(iv, sizeof iv);
+    return rc;
+}
+
 static void nonce(const struct half *h, uint8_t out[12]) {
     memcpy(out, h->c.iv, 12);
     for (int i = 0; i < 8; i++) out[11 - i] ^= (uint8_t)(h->seq >> (8 * i));
@@ -337,6 +365,41 @@ int gwr_tls_supported(void) {
     return ok;
 }
 
+static int g_user_only; /* gwr_tls_kernel(0) was called */
+
+void gwr_tls_kernel(int on) { g_user_only = !on; }
+
+/* kernel_install hands the kernel what it takes of t, sending side first;
+ * the rest stays here, and kwhat and kerr say why. */
+static void kernel_install(struct gwr_tls *t) {
+    if (g_user_only) {
+        t->kwhat = "switched off", t->kerr = 0;
+        return;
+    }
+    if (gwr_ktls_attach(t->fd)) {
+        t->kwhat = errno == ENOTSUP ? "needs Linux 6.14 or later, for key updates" : "attaching the tls protocol";
+        t->kerr = errno == ENOTSUP ? 0 : errno;
+        return;
+    }
+    t->ktx = !kernel_key(t, &t->w, 1);
+    if (!t->ktx) {
+        t->kwhat = "installing the sending key", t->kerr = errno;
+        return;
+    }
+    t->krx = !kernel_key(t, &t->r, 0);
+    if (!t->krx) t->kwhat = "installing the receiving key", t->kerr = errno;
+}
+
+int gwr_tls_in_kernel(const struct gwr_tls *t, char *why, size_t n) {
+    if (why && n) {
+        const char *where = t->ktx ? "received records in user space" : "records in user space";
+        if (t->ktx && t->krx) snprintf(why, n, "records in the kernel");
+        else if (t->kerr) snprintf(why, n, "%s (kernel TLS: %s: %s)", where, t->kwhat, strerror(t->kerr));
+        else snprintf(why, n, "%s (kernel TLS: %s)", where, t->kwhat);
+    }
+    return t->ktx | t->krx << 1;
+}
+
 int gwr_tls_wide(int on) {
     g_narrow = !on;
     gwr_tls_supported();
@@ -362,6 +425,7 @@ struct gwr_tls *gwr_tls_new(int fd, const struct gwr_tls_state *st) {
     t->r.seq = st->read_seq;
     set_keys(&t->w);
     set_keys(&t->r);
+    kernel_install(t);
     return t;
 }
 
@@ -412,8 +476,34 @@ static int put(struct gwr_tls *t, size_t n) {
     return drain(t);
 }
 
+/* kernel_put sends one record of another content type through the
+ * kernel; with wmu held. */
+static int kernel_put(struct gwr_tls *t, uint8_t type, const uint8_t *m, size_t n) {
+    if (t->werr) {
+        errno = t->werr;
+        return -1;
+    }
+    struct iovec v = {(void *)m, n};
+    if (gwr_ktls_send(t->fd, type, &v, 1)) {
+        t->werr = errno;
+        return -1;
+    }
+    return 0;
+}
+
 /* key_update sends a KeyUpdate and then writes with the next secret; with wmu held. */
 static int key_update(struct gwr_tls *t, int request_peer) {
+    if (t->ktx) {
+        const uint8_t m[5] = {HS_KEY_UPDATE, 0, 0, 1, request_peer ? 1 : 0};
+        if (kernel_put(t, CT_HANDSHAKE, m, sizeof m)) return -1;
+        next_secret(&t->w);
+        if (kernel_key(t, &t->w, 1)) {
+            t->werr = errno;
+            return -1;
+        }
+        t->kwrites = t->kbytes = 0;
+        return 0;
+    }
     uint8_t *m = next_inner(t);
     m[0] = HS_KEY_UPDATE, m[1] = 0, m[2] = 0, m[3] = 1, m[4] = request_peer ? 1 : 0, m[5] = CT_HANDSHAKE;
     if (put(t, 6)) return -1;
@@ -430,12 +520,55 @@ int gwr_tls_update(struct gwr_tls *t, int request_peer) {
 
 int gwr_tls_close(struct gwr_tls *t) {
     pthread_mutex_lock(&t->wmu);
-    uint8_t *m = next_inner(t);
-    m[0] = 1 /* warning */, m[1] = ALERT_CLOSE_NOTIFY, m[2] = CT_ALERT;
-    int rc = put(t, 3);
+    const uint8_t alert[2] = {1 /* warning */, ALERT_CLOSE_NOTIFY};
+    int rc;
+    if (t->ktx) {
+        rc = kernel_put(t, CT_ALERT, alert, sizeof alert);
+    } else {
+        uint8_t *m = next_inner(t);
+        m[0] = alert[0], m[1] = alert[1], m[2] = CT_ALERT;
+        rc = put(t, 3);
+    }
     if (!rc) t->werr = EPIPE, t->closed = 1;
     pthread_mutex_unlock(&t->wmu);
     return rc;
+}
+
+/* kernel_batch sends up to a batch's worth of v from v[*i] + *off through
+ * the kernel, and moves *i and *off past it; with wmu held. Before, it
+ * reads the kernel's sequence number back when due, and updates the key
+ * when that is at the limit. */
+static int kernel_batch(struct gwr_tls *t, const struct iovec *v, int n, int *i, size_t *off) {
+    if (t->werr) {
+        errno = t->werr;
+        return -1;
+    }
+    if (t->kwrites >= SEQ_CHECK_WRITES || t->kbytes >= SEQ_CHECK_BYTES) {
+        if (gwr_ktls_tx_seq(t->fd, &t->w.seq)) {
+            t->werr = errno;
+            return -1;
+        }
+        t->kwrites = t->kbytes = 0;
+    }
+    if (t->w.seq >= KEY_UPDATE_EVERY && key_update(t, 0)) return -1;
+    struct iovec part[BATCH];
+    int k = 0;
+    size_t len = 0;
+    while (*i < n && k < BATCH && len < BATCH * GWR_TLS_MAX_PLAIN) {
+        size_t take = v[*i].iov_len - *off;
+        if (take > BATCH * GWR_TLS_MAX_PLAIN - len) take = BATCH * GWR_TLS_MAX_PLAIN - len;
+        part[k++] = (struct iovec){(uint8_t *)v[*i].iov_base + *off, take};
+        len += take;
+        *off += take;
+        if (*off == v[*i].iov_len) ++*i, *off = 0;
+    }
+    if (gwr_ktls_send(t->fd, CT_DATA, part, k)) {
+        t->werr = errno;
+        return -1;
+    }
+    t->kwrites++;
+    t->kbytes += len;
+    return 0;
 }
 
 int gwr_tls_writev(struct gwr_tls *t, const struct iovec *v, int n) {
@@ -446,6 +579,12 @@ int gwr_tls_writev(struct gwr_tls *t, const struct iovec *v, int n) {
         if (i == n) return 0;
         /* A batch at a time: a KeyUpdate answer waits for one batch, not a whole write. */
         pthread_mutex_lock(&t->wmu);
+        if (t->ktx) {
+            int rc = kernel_batch(t, v, n, &i, &off);
+            pthread_mutex_unlock(&t->wmu);
+            if (rc) return -1;
+            continue;
+        }
         int rc = t->w.seq >= KEY_UPDATE_EVERY ? key_update(t, 0) : 0;
         for (int r = 0; !rc && i < n && r < BATCH; r++) {
             uint8_t *m = next_inner(t);
@@ -491,6 +630,29 @@ static int fill(struct gwr_tls *t, size_t want) {
     return 1;
 }
 
+/* control acts on a record that is not application data, its content m[0,
+ * n): 1 (taken), 0 (close_notify) or -1. */
+static int control(struct gwr_tls *t, uint8_t type, const uint8_t *m, size_t n) {
+    if (type == CT_ALERT && n == 2) {
+        if (m[1] == ALERT_CLOSE_NOTIFY) return 0;
+        errno = ECONNRESET;
+        return -1;
+    }
+    /* A KeyUpdate comes in a record of its own (RFC 8446 5.1); the agents
+     * let no other handshake message follow the handover. */
+    if (type == CT_HANDSHAKE && n == 5 && m[0] == HS_KEY_UPDATE && m[1] == 0 && m[2] == 0 && m[3] == 1 && m[4] <= 1) {
+        next_secret(&t->r);
+        if (t->krx && kernel_key(t, &t->r, 0)) return -1;
+        if (!m[4]) return 1;
+        pthread_mutex_lock(&t->wmu);
+        int rc = t->closed ? 0 : key_update(t, 0);
+        pthread_mutex_unlock(&t->wmu);
+        return rc ? -1 : 1;
+    }
+    errno = EPROTO;
+    return -1;
+}
+
 /* next_record takes in the next record: 1, 0 at the end of the stream, or -1. */
 static int next_record(struct gwr_tls *t) {
     int r = fill(t, GWR_TLS_HDR);
@@ -513,23 +675,24 @@ static int next_record(struct gwr_tls *t) {
         t->nplain = (size_t)n;
         return 1;
     }
-    if (type == CT_ALERT && n == 2) {
-        if (m[1] == ALERT_CLOSE_NOTIFY) return 0;
-        errno = ECONNRESET;
-        return -1;
-    }
-    /* A KeyUpdate comes in a record of its own (RFC 8446 5.1); the agents
-     * let no other handshake message follow the handover. */
-    if (type == CT_HANDSHAKE && n == 5 && m[0] == HS_KEY_UPDATE && m[1] == 0 && m[2] == 0 && m[3] == 1 && m[4] <= 1) {
-        next_secret(&t->r);
-        if (!m[4]) return 1;
-        pthread_mutex_lock(&t->wmu);
-        int rc = t->closed ? 0 : key_update(t, 0);
-        pthread_mutex_unlock(&t->wmu);
-        return rc ? -1 : 1;
-    }
-    errno = EPROTO;
-    return -1;
+    return control(t, type, m, (size_t)n);
+}
+
+/* kernel_record reads what the kernel opened: application data straight
+ * into buf, or through rbuf for a small read (*direct: the bytes read into
+ * buf); another content type goes to control. 1, 0 at the end of the
+ * stream, or -1. */
+static int kernel_record(struct gwr_tls *t, void *buf, size_t n, ssize_t *direct) {
+    int small = n < KERNEL_SMALL_READ;
+    uint8_t *dst = small ? t->rbuf : buf, type;
+    ssize_t k;
+    do k = gwr_ktls_recv(t->fd, dst, small ? sizeof t->rbuf : n, &type);
+    while (k < 0 && errno == EINTR);
+    if (k <= 0) return (int)k;
+    if (type != CT_DATA) return control(t, type, dst, (size_t)k);
+    if (small) t->plain = 0, t->nplain = (size_t)k;
+    else *direct = k;
+    return 1;
 }
 
 int gwr_tls_pending(const struct gwr_tls *t) {
@@ -546,11 +709,13 @@ ssize_t gwr_tls_read(struct gwr_tls *t, void *buf, size_t n) {
         return -1;
     }
     while (!t->nplain && !t->eof && n) {
-        int r = next_record(t);
+        ssize_t direct = 0;
+        int r = t->krx ? kernel_record(t, buf, n, &direct) : next_record(t);
         if (r < 0) {
             t->rerr = errno;
             return -1;
         }
+        if (direct) return direct;
         t->eof = !r;
     }
     if (n > t->nplain) n = t->nplain;

@@ -5,7 +5,9 @@
  *
  * One thread may read while another writes; the record layer serializes
  * its own writes (a KeyUpdate answered on the read path goes between two
- * records). Nothing is allocated after gwr_tls_new. */
+ * records). Nothing is allocated after gwr_tls_new. Where the kernel has
+ * TLS, it seals and opens the records instead (ktls.h); the calls are the
+ * same. */
 #ifndef GPUWARDEN_REMOTE_TLS13_H
 #define GPUWARDEN_REMOTE_TLS13_H
 
@@ -40,10 +42,20 @@ int gwr_tls_supported(void);
  * 128-bit registers only. It returns whether the wide path is in use. */
 int gwr_tls_wide(int on);
 
+/* gwr_tls_kernel, for the tests of both record layers: off, gwr_tls_new
+ * keeps the records here; on (the default), it hands the kernel each
+ * direction it takes (ktls.h). */
+void gwr_tls_kernel(int on);
+
 /* gwr_tls_new continues the connection on fd from st; NULL with errno
  * ENOTSUP (another suite, or the CPU lacks AES-NI), EINVAL or ENOMEM. The
  * caller keeps fd, and may wipe st afterwards. */
 struct gwr_tls *gwr_tls_new(int fd, const struct gwr_tls_state *st);
+
+/* gwr_tls_in_kernel: the directions of t the kernel carries (1: sending,
+ * 2: receiving); why gets where the records are and, where not in the
+ * kernel, what the kernel refused: for logs and tests. */
+int gwr_tls_in_kernel(const struct gwr_tls *t, char *why, size_t n);
 
 /* gwr_tls_read is read(2) on the stream of application data: >0 bytes;
  * 0 once the peer closed (close_notify, or EOF between records); -1 with

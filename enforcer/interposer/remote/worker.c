@@ -1138,8 +1138,10 @@ int main(int argc, char **argv) {
     setsockopt(g_fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
     setsockopt(g_fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
     int rc = serve();
-    fprintf(stderr, "gpuwarden-worker: session ended: %llu frames, %llu images received, %llu images from cache, %s\n",
+    char records[160] = "";
+    if (g_tls) gwr_tls_in_kernel(g_tls, records, sizeof records);
+    fprintf(stderr, "gpuwarden-worker: session ended: %llu frames, %llu images received, %llu images from cache, %s%s%s\n",
             g_stats.frames, g_stats.images_received, g_stats.images_cached,
-            g_tls ? "over TLS" : g_ring.base ? "bulk ring" : "plain");
+            g_tls ? "over TLS" : g_ring.base ? "bulk ring" : "plain", g_tls ? ", " : "", records);
     return rc;
 }

@@ -1,10 +1,10 @@
 /* gw-tlsrec: the remote record layer (remote/tls13.h) on a TLS 1.3
  * connection handed to it, for the Go tests that hold the other end.
  *
- *   --fd N echo [UPDATE_AFTER]     echoes the application data read on fd N; with UPDATE_AFTER,
+ *   [--kernel] --fd N echo [UPDATE_AFTER]     echoes the application data read on fd N; with UPDATE_AFTER,
  *                                  once that many bytes were read, sends a KeyUpdate asking the
  *                                  peer for one before echoing them
- *   --fd N duplex SEND [UPDATE_AFTER]
+ *   [--kernel] --fd N duplex SEND [UPDATE_AFTER]
  *                                  a second thread writes SEND bytes of the pattern (byte i is
  *                                  i % 251) in writes of varied sizes, with a KeyUpdate asking
  *                                  the peer for one after UPDATE_AFTER bytes, and then
@@ -19,7 +19,9 @@
  *
  * The connection modes read the state from stdin, one line: the suite in
  * hex, the write and read secrets in hex, the write and read sequence
- * numbers. They end when the peer closes (echo answers with
+ * numbers. The records stay in user space; with --kernel the kernel must
+ * take both directions (ktls.h), or gw-tlsrec prints "gw-tlsrec: records
+ * in user space (kernel TLS: what it refused)" and exits 3. They end when the peer closes (echo answers with
  * close_notify) and print "read N" (the bytes read). speed prints BENCH lines:
  * tls_record_seal_mib_per_sec and tls_record_open_mib_per_sec. Errors
  * print "gw-tlsrec: what: reason" and exit 1; bad arguments exit 2. */
@@ -43,10 +45,13 @@ static void die(const char *what) {
 }
 
 static void usage(void) {
-    fprintf(stderr, "usage: gw-tlsrec --fd N echo [UPDATE_AFTER] | gw-tlsrec --fd N duplex SEND [UPDATE_AFTER] | "
+    fprintf(stderr, "usage: gw-tlsrec [--kernel] --fd N echo [UPDATE_AFTER] | "
+                    "gw-tlsrec [--kernel] --fd N duplex SEND [UPDATE_AFTER] | "
                     "gw-tlsrec speed MIB | gw-tlsrec agree\n");
     exit(2);
 }
+
+static int g_kernel; /* --kernel */
 
 static uint64_t count(const char *s) {
     char *end;
@@ -73,6 +78,11 @@ static struct gwr_tls *take(int fd) {
     }
     struct gwr_tls *t = gwr_tls_new(fd, &st);
     if (!t) die("gwr_tls_new");
+    char why[160];
+    if (g_kernel && gwr_tls_in_kernel(t, why, sizeof why) != 3) {
+        fprintf(stderr, "gw-tlsrec: %s\n", why);
+        exit(3);
+    }
     return t;
 }
 
@@ -229,6 +239,9 @@ static int agree(void) {
 }
 
 int main(int argc, char **argv) {
+    g_kernel = argc > 1 && !strcmp(argv[1], "--kernel");
+    gwr_tls_kernel(g_kernel);
+    argc -= g_kernel, argv += g_kernel;
     if (argc == 3 && !strcmp(argv[1], "speed")) return speed(count(argv[2]));
     if (argc == 2 && !strcmp(argv[1], "agree")) return agree();
     if (argc < 4 || strcmp(argv[1], "--fd")) usage();

@@ -61,6 +61,7 @@ type Agent struct {
 	refused       map[string]func() uint64 // each capped listener's refusals, by name
 	evicted       map[string]func() uint64 // idle connections each closed to admit new ones
 	remoteTraffic *remoteTraffic           // the remote sessions' bytes; nil: sessions are not served
+	kernelTLS     sync.Once                // checked once, by the first remote part to start
 	closers       []func() error
 	wg            sync.WaitGroup
 

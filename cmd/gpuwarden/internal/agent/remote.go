@@ -7,6 +7,7 @@ import (
 
 	"github.com/gpuwarden/gpuwarden/enforcer/connlimit"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/admission"
+	"github.com/gpuwarden/gpuwarden/enforcer/remote/handover"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/pki"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/server"
 	"github.com/gpuwarden/gpuwarden/enforcer/remote/session"
@@ -31,6 +32,7 @@ func (a *Agent) startRemote(cgroupFS, node string) func(string) (string, string,
 	a.remoteTraffic = &remoteTraffic{list: srv.Traffic, node: node}
 	a.serving = true
 	a.log.Info("serving remote GPU sessions", "address", srv.Addr())
+	a.checkKernelTLS()
 	return func(path string) (string, string, string, bool) {
 		id, ok := srv.Label(path)
 		return id.Namespace, id.Pod, id.Container, ok
@@ -65,6 +67,20 @@ func (a *Agent) remoteServer(cgroupFS, node string) (*server.Server, error) {
 		Devices:     a.remoteDevices,
 		Worker: server.Worker{Path: beside(r.Worker, "gpuwarden-worker"), Interposer: beside(r.Interposer, "libgpuwarden.so"),
 			ControlDir: a.cfg.ControlDir, CgroupFS: cgroupFS, CgroupParent: r.CgroupParent, Env: os.Environ()},
+	})
+}
+
+// checkKernelTLS says once where handed-over sessions' records will be
+// sealed: in the kernel (kernel TLS) or by the client library and the
+// worker. The check loads the tls module, which a tenant's client library
+// cannot.
+func (a *Agent) checkKernelTLS() {
+	a.kernelTLS.Do(func() {
+		if err := handover.KernelTLS(); err != nil {
+			a.log.Info("remote: kernel TLS unavailable: handed-over sessions seal their records in user space", "why", err)
+			return
+		}
+		a.log.Info("remote: kernel TLS available: handed-over sessions' records are sealed by the kernel")
 	})
 }
 

@@ -54,6 +54,7 @@ func (a *Agent) startRelay(pods *podAnnotations, dialer func(server string) (*cl
 		Identify: a.identifyRemotePod(pods), Relayed: relayed, Local: local, Log: a.log.With("part", "remoteRelay")})
 	a.closers = append(a.closers, rl.Close)
 	a.relay = rl
+	a.checkKernelTLS()
 	if err := rl.Restore(); err != nil {
 		a.log.Error("remote relay: earlier allocations not served again", "err", err)
 	}
