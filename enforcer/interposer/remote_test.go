@@ -459,12 +459,13 @@ func TestRemoteFlush(t *testing.T) {
 // waits for the device: on a default context it polls, so a reply within
 // 20 ms costs the waiting thread no sleep (in one of five tries at least:
 // on a loaded machine a reply can come later); on a context created with
-// CU_CTX_SCHED_BLOCKING_SYNC it sleeps in every wait of a 50 ms kernel.
+// CU_CTX_SCHED_BLOCKING_SYNC, or a primary context given that flag, it
+// sleeps in every wait, as a blocking read does.
 func TestRemoteWaitPolicy(t *testing.T) {
 	m := simtest.NewMachine(t, 1, "8Gi")
-	sleeps := func(flags, ms string) []int {
+	sleeps := func(args ...string) []int {
 		w := startWorker(t, m, true, "GPUWARDEN_MEMORY_LIMIT=2Gi") // a worker serves one session
-		out, _ := output(t, w.remote(t, simtest.Bin(t, "interposer/gw-remote"), "wait", flags, ms))
+		out, _ := output(t, w.remote(t, simtest.Bin(t, "interposer/gw-remote"), append([]string{"wait"}, args...)...))
 		var got []int
 		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
 			n, err := strconv.Atoi(strings.TrimPrefix(line, "sleeps "))
@@ -481,8 +482,13 @@ func TestRemoteWaitPolicy(t *testing.T) {
 	if auto := sleeps("0", "2"); !slices.Contains(auto, 0) {
 		t.Errorf("default context: the thread slept in every wait for a 2 ms kernel %v: it did not poll", auto)
 	}
-	if blocking := sleeps("4", "50"); slices.Contains(blocking, 0) {
-		t.Errorf("CU_CTX_SCHED_BLOCKING_SYNC: a wait for a 50 ms kernel without sleeping %v: it polled", blocking)
+	if blocking := sleeps("4", "10"); slices.Contains(blocking, 0) {
+		t.Errorf("CU_CTX_SCHED_BLOCKING_SYNC: a wait for a 10 ms kernel without sleeping %v: it polled", blocking)
+	}
+	// The CUDA runtime's cudaSetDeviceFlags: the primary context's flags.
+	if blocking := sleeps("4", "10", "primary"); slices.Contains(blocking, 0) {
+		t.Errorf("primary context, CU_CTX_SCHED_BLOCKING_SYNC: a wait for a 10 ms kernel without sleeping %v: it polled",
+			blocking)
 	}
 }
 

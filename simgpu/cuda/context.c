@@ -11,6 +11,14 @@ static __thread int tl_depth;
 
 static pthread_mutex_t g_primary_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct CUctx_st *g_primary[SG_MAX_DEVICES];
+static unsigned g_primary_flags[SG_MAX_DEVICES]; /* kept while the primary context is inactive too */
+
+/* flags_valid: only CU_CTX_* bits, and one scheduling policy at most. */
+static int flags_valid(unsigned flags) {
+    unsigned sched = flags & CU_CTX_SCHED_MASK;
+    return !(flags & ~(unsigned)CU_CTX_FLAGS_MASK) && (sched == CU_CTX_SCHED_AUTO || sched == CU_CTX_SCHED_SPIN ||
+                                                       sched == CU_CTX_SCHED_YIELD || sched == CU_CTX_SCHED_BLOCKING_SYNC);
+}
 
 int sg_ctx_valid(struct CUctx_st *c) { return c && c->magic == SG_MAGIC_CTX; }
 
@@ -73,13 +81,13 @@ static void ctx_free(struct CUctx_st *c) {
 }
 
 SG_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
-    (void)flags;
     if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!pctx) return CUDA_ERROR_INVALID_VALUE;
+    if (!pctx || !flags_valid(flags)) return CUDA_ERROR_INVALID_VALUE;
     if (tl_depth == SG_CTX_STACK) return CUDA_ERROR_INVALID_VALUE;
     struct CUctx_st *c;
     CUresult rc = ctx_new(dev, 0, &c);
     if (rc) return rc;
+    c->flags = flags;
     tl_stack[tl_depth++] = c;
     *pctx = c;
     return CUDA_SUCCESS;
@@ -187,6 +195,7 @@ SG_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
         g_primary[dev]->refs++;
     } else {
         rc = ctx_new(dev, 1, &g_primary[dev]);
+        if (!rc) g_primary[dev]->flags = g_primary_flags[dev];
     }
     if (!rc) *pctx = g_primary[dev];
     pthread_mutex_unlock(&g_primary_mu);
@@ -207,4 +216,51 @@ SG_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     }
     pthread_mutex_unlock(&g_primary_mu);
     return rc;
+}
+
+/* The primary context's flags may change while it is active (the _v2
+ * form); they outlive its release. */
+SG_EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) {
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (sg_dev_index(dev) < 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (!flags_valid(flags)) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_primary_mu);
+    g_primary_flags[dev] = flags;
+    if (g_primary[dev]) g_primary[dev]->flags = flags;
+    pthread_mutex_unlock(&g_primary_mu);
+    return CUDA_SUCCESS;
+}
+
+SG_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
+    if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
+    if (sg_dev_index(dev) < 0) return CUDA_ERROR_INVALID_DEVICE;
+    if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_primary_mu);
+    *flags = g_primary_flags[dev];
+    *active = g_primary[dev] != NULL;
+    pthread_mutex_unlock(&g_primary_mu);
+    return CUDA_SUCCESS;
+}
+
+SG_EXPORT CUresult cuCtxGetFlags(unsigned int *flags) {
+    struct CUctx_st *c;
+    CUresult rc = sg_current(&c);
+    if (rc) return rc;
+    if (!flags) return CUDA_ERROR_INVALID_VALUE;
+    *flags = c->flags;
+    return CUDA_SUCCESS;
+}
+
+SG_EXPORT CUresult cuCtxSetFlags(unsigned int flags) {
+    struct CUctx_st *c;
+    CUresult rc = sg_current(&c);
+    if (rc) return rc;
+    if (!flags_valid(flags)) return CUDA_ERROR_INVALID_VALUE;
+    c->flags = flags;
+    if (c->primary) {
+        pthread_mutex_lock(&g_primary_mu);
+        g_primary_flags[c->dev] = flags;
+        pthread_mutex_unlock(&g_primary_mu);
+    }
+    return CUDA_SUCCESS;
 }

@@ -73,6 +73,7 @@ struct CUctx_st {
     int index;              /* the machine's device it is on (sg_dev_index) */
     int primary;
     _Atomic int refs;       /* primary contexts: retains */
+    _Atomic unsigned flags; /* CU_CTX_*: a simulated device only keeps them */
     struct CUstream_st *null_stream;
     pthread_mutex_t mu;     /* guards streams */
     struct CUstream_st *streams;

@@ -49,7 +49,8 @@ typedef enum CUctx_flags_enum {
     CU_CTX_SCHED_SPIN = 0x01,
     CU_CTX_SCHED_YIELD = 0x02,
     CU_CTX_SCHED_BLOCKING_SYNC = 0x04,
-    CU_CTX_SCHED_MASK = 0x07
+    CU_CTX_SCHED_MASK = 0x07,
+    CU_CTX_FLAGS_MASK = 0xff /* every flag a context may carry */
 } CUctx_flags;
 
 typedef enum cudaError_enum {
@@ -277,6 +278,8 @@ typedef enum CUdriverProcAddressQueryResult_enum {
     X(CUresult, cuGetErrorString, (CUresult error, const char **pStr))                             \
     X(CUresult, cuDevicePrimaryCtxRetain, (CUcontext * pctx, CUdevice dev))                        \
     X(CUresult, cuDevicePrimaryCtxRelease_v2, (CUdevice dev))                                      \
+    X(CUresult, cuDevicePrimaryCtxSetFlags_v2, (CUdevice dev, unsigned int flags))                 \
+    X(CUresult, cuDevicePrimaryCtxGetState, (CUdevice dev, unsigned int *flags, int *active))      \
     X(CUresult, cuCtxCreate_v2, (CUcontext * pctx, unsigned int flags, CUdevice dev))              \
     X(CUresult, cuCtxCreate_v3,                                                                    \
       (CUcontext * pctx, CUexecAffinityParam * paramsArray, int numParams, unsigned int flags,     \
@@ -289,6 +292,8 @@ typedef enum CUdriverProcAddressQueryResult_enum {
     X(CUresult, cuCtxPushCurrent_v2, (CUcontext ctx))                                              \
     X(CUresult, cuCtxPopCurrent_v2, (CUcontext * pctx))                                            \
     X(CUresult, cuCtxGetDevice, (CUdevice * device))                                               \
+    X(CUresult, cuCtxGetFlags, (unsigned int *flags))                                              \
+    X(CUresult, cuCtxSetFlags, (unsigned int flags))                                               \
     X(CUresult, cuCtxSynchronize, (void))                                                          \
     X(CUresult, cuMemAlloc_v2, (CUdeviceptr * dptr, size_t bytesize))                              \
     X(CUresult, cuMemAllocPitch_v2,                                                                \

@@ -751,6 +751,51 @@ static void context_primary_refcount(void) {
     CHECK_RC(cuDevicePrimaryCtxRelease_v2(DEVICES), INVALID_DEVICE);
 }
 
+/* A context's flags: kept as given, changed with cuCtxSetFlags, refused
+ * with a bit no context has. */
+static void context_flags(void) {
+    CUcontext c;
+    unsigned f = 99;
+    REQUIRE_RC(cuCtxCreate_v2(&c, CU_CTX_SCHED_BLOCKING_SYNC, 0), OK);
+    CHECK_RC(cuCtxGetFlags(&f), OK);
+    EXPECT(f == CU_CTX_SCHED_BLOCKING_SYNC, "cuCtxGetFlags = %#x, want CU_CTX_SCHED_BLOCKING_SYNC", f);
+    CHECK_RC(cuCtxSetFlags(CU_CTX_SCHED_SPIN), OK);
+    CHECK_RC(cuCtxSetFlags(0x100), INVALID_VALUE);
+    CHECK_RC(cuCtxGetFlags(&f), OK);
+    EXPECT(f == CU_CTX_SCHED_SPIN, "cuCtxGetFlags = %#x after cuCtxSetFlags(CU_CTX_SCHED_SPIN)", f);
+    CHECK_RC(cuCtxGetFlags(NULL), INVALID_VALUE);
+    REQUIRE_RC(cuCtxDestroy_v2(c), OK);
+    CHECK_RC(cuCtxCreate_v2(&c, 0x100, 0), INVALID_VALUE);
+}
+
+/* The primary context's flags: set before it is active and while it is,
+ * seen by cuDevicePrimaryCtxGetState and by the context itself. */
+static void context_primary_flags(void) {
+    const int dev = 1;
+    unsigned f = 99;
+    int active = -1;
+    CUcontext p;
+    CHECK_RC(cuDevicePrimaryCtxSetFlags_v2(dev, CU_CTX_SCHED_BLOCKING_SYNC), OK);
+    CHECK_RC(cuDevicePrimaryCtxGetState(dev, &f, &active), OK);
+    EXPECT(f == CU_CTX_SCHED_BLOCKING_SYNC && active == 0, "state: flags %#x, active %d; want blocking sync, inactive",
+           f, active);
+    REQUIRE_RC(cuDevicePrimaryCtxRetain(&p, dev), OK);
+    CHECK_RC(cuDevicePrimaryCtxGetState(dev, &f, &active), OK);
+    EXPECT(active == 1, "state after a retain: active %d", active);
+    REQUIRE_RC(cuCtxPushCurrent_v2(p), OK);
+    CHECK_RC(cuCtxGetFlags(&f), OK);
+    EXPECT(f == CU_CTX_SCHED_BLOCKING_SYNC, "the primary context's flags %#x, want blocking sync", f);
+    CHECK_RC(cuDevicePrimaryCtxSetFlags_v2(dev, CU_CTX_SCHED_YIELD), OK); /* while active */
+    CHECK_RC(cuCtxGetFlags(&f), OK);
+    EXPECT(f == CU_CTX_SCHED_YIELD, "the primary context's flags %#x after setting yield", f);
+    REQUIRE_RC(cuCtxPopCurrent_v2(NULL), OK);
+    CHECK_RC(cuDevicePrimaryCtxRelease_v2(dev), OK);
+    CHECK_RC(cuDevicePrimaryCtxSetFlags_v2(DEVICES, 0), INVALID_DEVICE);
+    CHECK_RC(cuDevicePrimaryCtxSetFlags_v2(dev, 0x100), INVALID_VALUE);
+    CHECK_RC(cuDevicePrimaryCtxGetState(dev, NULL, &active), INVALID_VALUE);
+    CHECK_RC(cuDevicePrimaryCtxSetFlags_v2(dev, CU_CTX_SCHED_AUTO), OK);
+}
+
 static void context_destroy_returns_memory(void) {
     const int dev = 3;
     size_t before = dev_free(dev), pitch;
@@ -1673,6 +1718,8 @@ static const struct check g_checks[] = {
     {"context/none-current", context_none_current},
     {"context/synchronize", context_synchronize},
     {"context/primary-refcount", context_primary_refcount},
+    {"context/flags", context_flags},
+    {"context/primary-flags", context_primary_flags},
     {"context/destroy-returns-memory", context_destroy_returns_memory},
     {"memory/alloc-charges-exactly", memory_alloc_charges_exactly},
     {"memory/alloc-bad-args", memory_alloc_bad_args},

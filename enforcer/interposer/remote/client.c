@@ -526,7 +526,7 @@ CUresult gwr_call(uint16_t op, const void *a, size_t na, const void *b, size_t n
     }
     w.next = S.waiters;
     S.waiters = &w;
-    int relayed = !S.tls && !S.ring.base;
+    int relayed = S.ctl < 0 && !S.ring.base; /* neither handed over nor with a ring: a relay may be between */
     pthread_mutex_unlock(&S.mu);
     send_frame(op, GWR_F_SYNC, seq, a, na, b, nb, 1); /* a failure ends the read below */
     uint64_t sent = gwr_mono_ns(), spin_until = gwr_cur_blocking_sync() || relayed ? 0 : sent + GWR_POLL_NS;

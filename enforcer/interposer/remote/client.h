@@ -19,7 +19,7 @@ struct CUctx_st {
     int dev;
     int primary;
     int refs; /* primary contexts: this process's retains */
-    int blocking_sync; /* created with CU_CTX_SCHED_BLOCKING_SYNC: its calls sleep for replies */
+    _Atomic unsigned flags; /* CU_CTX_*: with CU_CTX_SCHED_BLOCKING_SYNC its calls sleep for replies */
 };
 
 /* handles.c: streams, events, modules, graphs, graph execs and pools */

@@ -265,7 +265,7 @@ uint64_t gwr_cur_ctx(void) {
 
 int gwr_cur_blocking_sync(void) {
     const struct CUctx_st *c = cur();
-    return c && c->blocking_sync;
+    return c && (c->flags & CU_CTX_SCHED_MASK) == CU_CTX_SCHED_BLOCKING_SYNC;
 }
 
 static struct CUctx_st *ctx_new(CUdevice dev, int primary) {
@@ -279,14 +279,22 @@ static struct CUctx_st *ctx_new(CUdevice dev, int primary) {
 }
 
 static struct CUctx_st *g_primary[64];
+static unsigned g_primary_flags[64]; /* kept while the primary context is inactive too */
 static pthread_mutex_t g_primary_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* flags_valid: only CU_CTX_* bits, and one scheduling policy at most. */
+static int flags_valid(unsigned flags) {
+    unsigned sched = flags & CU_CTX_SCHED_MASK;
+    return !(flags & ~(unsigned)CU_CTX_FLAGS_MASK) && (sched == CU_CTX_SCHED_AUTO || sched == CU_CTX_SCHED_SPIN ||
+                                                       sched == CU_CTX_SCHED_YIELD || sched == CU_CTX_SCHED_BLOCKING_SYNC);
+}
 
 GWR_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     READY();
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     if (dev < 0 || dev >= 64) return CUDA_ERROR_INVALID_DEVICE;
     pthread_mutex_lock(&g_primary_mu);
-    if (!g_primary[dev]) g_primary[dev] = ctx_new(dev, 1);
+    if (!g_primary[dev] && (g_primary[dev] = ctx_new(dev, 1))) g_primary[dev]->flags = g_primary_flags[dev];
     struct CUctx_st *c = g_primary[dev];
     pthread_mutex_unlock(&g_primary_mu);
     if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
@@ -310,13 +318,72 @@ GWR_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
     return rc;
 }
 
+/* dev_check: dev is one of the session's devices (their count is a fact). */
+static CUresult dev_check(CUdevice dev) {
+    int n;
+    CUresult rc = cuDeviceGetCount(&n);
+    if (rc) return rc;
+    return dev < 0 || dev >= n || dev >= 64 ? CUDA_ERROR_INVALID_DEVICE : CUDA_SUCCESS;
+}
+
+/* A context's flags stay here: they say how the calling thread waits for
+ * the worker's replies (client.c), and the worker's own contexts keep the
+ * driver's default. The primary context's may change while it is active
+ * (the _v2 form), and outlive its last release. */
+GWR_EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) {
+    READY();
+    CUresult rc = dev_check(dev);
+    if (rc) return rc;
+    if (!flags_valid(flags)) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_primary_mu);
+    g_primary_flags[dev] = flags;
+    if (g_primary[dev]) g_primary[dev]->flags = flags;
+    pthread_mutex_unlock(&g_primary_mu);
+    return CUDA_SUCCESS;
+}
+
+GWR_EXPORT CUresult cuDevicePrimaryCtxGetState(CUdevice dev, unsigned int *flags, int *active) {
+    READY();
+    CUresult rc = dev_check(dev);
+    if (rc) return rc;
+    if (!flags || !active) return CUDA_ERROR_INVALID_VALUE;
+    pthread_mutex_lock(&g_primary_mu);
+    *flags = g_primary_flags[dev];
+    *active = g_primary[dev] && __atomic_load_n(&g_primary[dev]->refs, __ATOMIC_RELAXED) > 0;
+    pthread_mutex_unlock(&g_primary_mu);
+    return CUDA_SUCCESS;
+}
+
+GWR_EXPORT CUresult cuCtxGetFlags(unsigned int *flags) {
+    READY();
+    struct CUctx_st *c = cur();
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!flags) return CUDA_ERROR_INVALID_VALUE;
+    *flags = c->flags;
+    return CUDA_SUCCESS;
+}
+
+GWR_EXPORT CUresult cuCtxSetFlags(unsigned int flags) {
+    READY();
+    struct CUctx_st *c = cur();
+    if (!c) return CUDA_ERROR_INVALID_CONTEXT;
+    if (!flags_valid(flags)) return CUDA_ERROR_INVALID_VALUE;
+    c->flags = flags;
+    if (c->primary) {
+        pthread_mutex_lock(&g_primary_mu);
+        g_primary_flags[c->dev] = flags;
+        pthread_mutex_unlock(&g_primary_mu);
+    }
+    return CUDA_SUCCESS;
+}
+
 static CUresult ctx_create(CUcontext *pctx, unsigned int flags, CUdevice dev) {
     READY();
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
     if (tl_depth == CTX_STACK) return CUDA_ERROR_INVALID_VALUE;
     struct CUctx_st *c = ctx_new(dev, 0);
     if (!c) return CUDA_ERROR_OUT_OF_MEMORY;
-    c->blocking_sync = (flags & CU_CTX_SCHED_MASK) == CU_CTX_SCHED_BLOCKING_SYNC;
+    c->flags = flags;
     CUresult rc = rq(GWR_OP_CTX_CREATE, NULL, 0, "qii", Q(c->id), I(flags), I(dev));
     if (rc) {
         free(c); /* never handed out */

@@ -19,8 +19,10 @@
  *                 done, unless the launch waited for the query to be sent
  *   fork          prints "ready", waits for a line on stdin, forks: the child uses the GPU
  *                 (CUDA and NVML) in a session of its own, then the parent goes on in its own
- *   wait FLAGS MS on a context created with FLAGS, five synchronizes of an MS ms kernel each:
- *                 the times the waiting thread slept in each (voluntary context switches)
+ *   wait FLAGS MS [primary]
+ *                 on a context created with FLAGS (primary: the primary context, its flags set
+ *                 first), five synchronizes of an MS ms kernel each: the times the waiting thread
+ *                 slept in each (voluntary context switches)
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -364,14 +366,20 @@ static int flush(void) {
     return 0;
 }
 
-static int wait_sleeps(unsigned flags, uint64_t ms) {
+static int wait_sleeps(unsigned flags, uint64_t ms, int primary) {
     CUcontext c;
     CUdevice dev;
     CUmodule m;
     CUfunction f;
     CHECK(cuInit(0));
     CHECK(cuDeviceGet(&dev, 0));
-    CHECK(cuCtxCreate_v2(&c, flags, dev));
+    if (primary) {
+        CHECK(cuDevicePrimaryCtxSetFlags_v2(dev, flags));
+        CHECK(cuDevicePrimaryCtxRetain(&c, dev));
+        CHECK(cuCtxSetCurrent(c));
+    } else {
+        CHECK(cuCtxCreate_v2(&c, flags, dev));
+    }
     CHECK(cuModuleLoadData(&m, record_image));
     CHECK(cuModuleGetFunction(&f, m, "sleep"));
     CHECK(cuCtxSynchronize());
@@ -487,7 +495,9 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "fork")) return fork_check();
     if (!strcmp(cmd, "flush")) return flush();
     if (!strcmp(cmd, "images")) return images();
-    if (!strcmp(cmd, "wait") && argc > 3) return wait_sleeps((unsigned)strtoul(argv[2], NULL, 0), strtoull(argv[3], NULL, 10));
-    fprintf(stderr, "usage: gw-remote params|quota BYTES|async|hold|module|launches N|queries N|bandwidth MIB|roundtrip N|threads N|images|flush|fork|wait FLAGS MS\n");
+    if (!strcmp(cmd, "wait") && argc > 3)
+        return wait_sleeps((unsigned)strtoul(argv[2], NULL, 0), strtoull(argv[3], NULL, 10),
+                           argc > 4 && !strcmp(argv[4], "primary"));
+    fprintf(stderr, "usage: gw-remote params|quota BYTES|async|hold|module|launches N|queries N|bandwidth MIB|roundtrip N|threads N|images|flush|fork|wait FLAGS MS [primary]\n");
     return 2;
 }
