@@ -291,19 +291,40 @@ func TestRemoteWorkload(t *testing.T) {
 
 // TestRemoteBulkRing: a client straight on a worker's unix socket moves
 // bulk copies through the shared ring, byte for byte both ways (gw-remote
-// compares what comes back).
+// compares what comes back). Device-to-host chunks are announced in the
+// ring, without a frame each, except to wake a client that sleeps (a
+// handful: the copies stream); with a worker that keeps to frames (as an
+// older one does) each chunk has its frame, and the client reads them.
 func TestRemoteBulkRing(t *testing.T) {
 	m := simtest.NewMachine(t, 1, "8Gi")
-	w := startWorker(t, m, true, "GPUWARDEN_MEMORY_LIMIT=4Gi")
-	out, _ := output(t, w.remote(t, simtest.Bin(t, "interposer/gw-remote"), "bandwidth", "24"))
-	if !strings.Contains(out, "htod_mib_per_sec") || !strings.Contains(out, "dtoh_mib_per_sec") {
-		t.Fatalf("gw-remote bandwidth printed no rates:\n%s", out)
-	}
-	if err := w.wait(t, 10*time.Second); err != nil {
-		t.Fatalf("worker: %v; stderr:\n%s", err, w.errb)
-	}
-	if !strings.Contains(w.errb.String(), ", bulk ring") {
-		t.Errorf("the session did not take the bulk ring: %s", w.errb)
+	chunks := regexp.MustCompile(`, bulk ring \((\d+) device-to-host chunks announced (in it, (\d+) of them by a frame too|by frames)\)`)
+	for _, frames := range []bool{false, true} {
+		t.Run(map[bool]string{false: "announced-in-ring", true: "older-worker-frames"}[frames], func(t *testing.T) {
+			older := "GPUWARDEN_WORKER_RING_FRAMES=0"
+			if frames {
+				older = "GPUWARDEN_WORKER_RING_FRAMES=1"
+			}
+			w := startWorker(t, m, true, "GPUWARDEN_MEMORY_LIMIT=4Gi", older)
+			out, _ := output(t, w.remote(t, simtest.Bin(t, "interposer/gw-remote"), "bandwidth", "24"))
+			if !strings.Contains(out, "htod_mib_per_sec") || !strings.Contains(out, "dtoh_mib_per_sec") {
+				t.Fatalf("gw-remote bandwidth printed no rates:\n%s", out)
+			}
+			if err := w.wait(t, 10*time.Second); err != nil {
+				t.Fatalf("worker: %v; stderr:\n%s", err, w.errb)
+			}
+			got := chunks.FindStringSubmatch(w.errb.String())
+			if got == nil || (got[3] == "") != frames {
+				t.Fatalf("the session did not take the bulk ring, announcing %s: %s",
+					map[bool]string{false: "in it", true: "by frames"}[frames], w.errb)
+			}
+			n, _ := strconv.Atoi(got[1])
+			if n < 4*24*4 { // four copies of 24 MiB in 256 KiB slots
+				t.Errorf("%d device-to-host chunks through the ring, want at least %d", n, 4*24*4)
+			}
+			if woke, _ := strconv.Atoi(got[3]); !frames && woke > n/4 {
+				t.Errorf("%d of %d chunks announced by a frame too: the client slept in most waits", woke, n)
+			}
+		})
 	}
 }
 
@@ -336,7 +357,7 @@ func TestRemoteCUDAConformance(t *testing.T) {
 			if err := w.wait(t, 10*time.Second); err != nil {
 				t.Fatalf("worker: %v; stderr:\n%s", err, w.errb)
 			}
-			if want := map[string]string{"unix": ", bulk ring\n", "tls": ", over TLS, records in ", "relayed": ", plain\n"}[c.name]; !strings.Contains(w.errb.String(), want) {
+			if want := map[string]string{"unix": ", bulk ring (", "tls": ", over TLS, records in ", "relayed": ", plain\n"}[c.name]; !strings.Contains(w.errb.String(), want) {
 				t.Errorf("the worker's session was not %q: %s", want, w.errb)
 			}
 			if c.name == "tls" && os.Getenv("GPUWARDEN_REQUIRE_KERNEL_TLS") == "1" && !strings.Contains(w.errb.String(), "records in the kernel") {

@@ -81,6 +81,7 @@ static struct {
 
     pthread_mutex_t ring_mu; /* the ring's host-to-device slots */
     struct gwr_ring ring;    /* base NULL: bulk data goes in frames */
+    uint32_t dnext;          /* polled: the next device-to-host slot the worker fills; the reading call's */
 } S = {
     .mu = PTHREAD_MUTEX_INITIALIZER,
     .cv = PTHREAD_COND_INITIALIZER,
@@ -170,6 +171,25 @@ static struct waiter *find_waiter(uint32_t seq) {
     return NULL;
 }
 
+/* ring_drain takes the device-to-host chunks the worker announced in the
+ * ring (ring.h), in the order it filled them, into their callers' buffers:
+ * 0, or -1 for a chunk nobody asked for (the session is over). Only the
+ * reading call drains. */
+static int ring_drain(void) {
+    for (;;) {
+        uint32_t slot = GWR_RING_DTOH + S.dnext;
+        if (!atomic_load_explicit(&S.ring.state[slot], memory_order_acquire)) return 0;
+        struct gwr_ring_desc d = S.ring.hdr->desc[slot];
+        pthread_mutex_lock(&S.mu);
+        struct waiter *w = find_waiter(d.seq);
+        pthread_mutex_unlock(&S.mu);
+        if (!w || d.len > GWR_RING_SLOT_BYTES || d.off > w->nbulk || d.len > w->nbulk - d.off) return -1;
+        memcpy(w->bulk + d.off, gwr_ring_slot(&S.ring, slot), d.len);
+        gwr_ring_emptied(&S.ring, slot);
+        S.dnext = (S.dnext + 1) % (GWR_RING_SLOTS / 2);
+    }
+}
+
 /* read_one reads one frame and hands it to its caller; -1: the session is
  * over. Bulk data is read straight into the caller's buffer: the waiter
  * stays registered, and its buffer valid, until it is marked done here. */
@@ -193,6 +213,7 @@ static int read_one(int fd, struct gwr_tls *tls) {
         uint64_t off;
         uint32_t slot, n;
         if (h.len != sizeof f || read_session(fd, tls, f, sizeof f) || !S.ring.base) return -1;
+        if (S.ring.polled) return ring_drain(); /* the worker woke a sleeping reader: the ring says the rest */
         memcpy(&off, f, 8), memcpy(&slot, f + 8, 4), memcpy(&n, f + 12, 4);
         if (!w || slot < GWR_RING_DTOH || slot >= GWR_RING_SLOTS || n > GWR_RING_SLOT_BYTES || off > w->nbulk ||
             n > w->nbulk - off)
@@ -202,6 +223,7 @@ static int read_one(int fd, struct gwr_tls *tls) {
         return 0;
     }
     if (h.op != GWR_OP_REPLY || h.len < 4 || read_session(fd, tls, scratch, h.len) || !w) return -1;
+    if (S.ring.polled && ring_drain()) return -1; /* a copy's last chunks were filled before its reply */
     uint32_t res;
     memcpy(&res, scratch, 4);
     size_t n = h.len - 4;
@@ -213,6 +235,24 @@ static int read_one(int fd, struct gwr_tls *tls) {
     pthread_cond_broadcast(&S.cv);
     pthread_mutex_unlock(&S.mu);
     return 0;
+}
+
+/* read_next waits for what the worker sends next, polling until
+ * spin_until and yielding from yield_from (spin.h), and takes it: a frame,
+ * or with a polled ring the device-to-host chunks announced in it (ring.h;
+ * about to sleep in a read, the reader says so in the ring first). 0, or
+ * -1: the session is over. Only the reading call reads. */
+static int read_next(int fd, struct gwr_tls *tls, uint64_t yield_from, uint64_t spin_until) {
+    if (!S.ring.polled) {
+        if (tls || R.at == R.end) gwr_spin_readable(fd, tls, yield_from, spin_until, NULL);
+        return read_one(fd, tls);
+    }
+    uint32_t slot = GWR_RING_DTOH + S.dnext; /* a ring's session has no TLS */
+    int got = R.at == R.end ? gwr_spin_readable(fd, NULL, yield_from, spin_until, &S.ring.state[slot]) : 1;
+    if (got == 2 || (got == 0 && !gwr_ring_sleeping(&S.ring, slot, 1))) return ring_drain();
+    int rc = read_one(fd, NULL);
+    if (got == 0) gwr_ring_sleeping(&S.ring, slot, 0);
+    return rc;
 }
 
 /* write_locked writes frames to the socket; send_mu is held. */
@@ -391,8 +431,13 @@ static void offer_ring(int fd) {
         !gwr_get_hdr(rep, &rh) && rh.op == GWR_OP_REPLY && rh.len == 4)
         memcpy(&res, rep + GWR_HDR_SIZE, 4);
     close(mfd);
-    if (res == CUDA_SUCCESS) S.ring = r;
-    else gwr_ring_unmap(&r);
+    if (res == CUDA_SUCCESS) {
+        r.polled = r.hdr->worker_polls == GWR_RING_POLL; /* an older worker announces by frames */
+        S.ring = r;
+        S.dnext = 0;
+    } else {
+        gwr_ring_unmap(&r);
+    }
 }
 
 /* flush writes the batch now: a frame the worker needs before it can free
@@ -540,8 +585,7 @@ CUresult gwr_call(uint16_t op, const void *a, size_t na, const void *b, size_t n
         int fd = S.fd;
         struct gwr_tls *tls = S.tls;
         pthread_mutex_unlock(&S.mu);
-        if (tls || R.at == R.end) gwr_spin_readable(fd, tls, sent + GWR_SPIN_NS, spin_until);
-        if (read_one(fd, tls)) {
+        if (read_next(fd, tls, sent + GWR_SPIN_NS, spin_until)) {
             kill_session();
             wake_all_dead();
         }

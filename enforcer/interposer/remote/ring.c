@@ -16,8 +16,10 @@
 
 static void map(struct gwr_ring *r, void *p) {
     r->base = p;
-    r->state = p;
+    r->hdr = p;
+    r->state = r->hdr->state;
     r->next = 0;
+    r->polled = 0;
 }
 
 int gwr_ring_create(struct gwr_ring *r) {
@@ -31,6 +33,7 @@ int gwr_ring_create(struct gwr_ring *r) {
         return -1;
     }
     map(r, p);
+    r->hdr->client_polls = GWR_RING_POLL;
     return fd;
 }
 
@@ -43,6 +46,7 @@ int gwr_ring_map(struct gwr_ring *r, int fd) {
     void *p = mmap(NULL, GWR_RING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) return -1;
     map(r, p);
+    r->polled = r->hdr->client_polls == GWR_RING_POLL; /* the worker says whether it takes it */
     return 0;
 }
 
@@ -50,6 +54,8 @@ void gwr_ring_unmap(struct gwr_ring *r) {
     if (r->base) munmap(r->base, GWR_RING_BYTES);
     r->base = NULL;
     r->state = NULL;
+    r->hdr = NULL;
+    r->polled = 0;
 }
 
 uint8_t *gwr_ring_slot(const struct gwr_ring *r, uint32_t slot) {
@@ -78,6 +84,8 @@ int gwr_ring_take(struct gwr_ring *r, uint32_t first, int timeout_ms) {
     return (int)slot;
 }
 
+void gwr_ring_untake(struct gwr_ring *r) { r->next = (r->next + GWR_RING_SLOTS / 2 - 1) % (GWR_RING_SLOTS / 2); }
+
 void gwr_ring_filled(struct gwr_ring *r, uint32_t slot) {
     atomic_store_explicit(&r->state[slot], 1, memory_order_release);
 }
@@ -85,4 +93,22 @@ void gwr_ring_filled(struct gwr_ring *r, uint32_t slot) {
 void gwr_ring_emptied(struct gwr_ring *r, uint32_t slot) {
     if (atomic_exchange_explicit(&r->state[slot], 0, memory_order_acq_rel) == 2)
         syscall(SYS_futex, &r->state[slot], FUTEX_WAKE, 1, NULL, NULL, 0);
+}
+
+int gwr_ring_announce(struct gwr_ring *r, uint32_t slot, uint32_t seq, uint64_t off, uint32_t len) {
+    r->hdr->desc[slot] = (struct gwr_ring_desc){.seq = seq, .len = len, .off = off};
+    /* The state's store and the sleeps word's load, and the client's pair
+     * the other way round, are sequentially consistent: one side sees the
+     * other's. */
+    atomic_store_explicit(&r->state[slot], 1, memory_order_seq_cst);
+    return atomic_load_explicit(&r->hdr->client_sleeps, memory_order_seq_cst) != 0;
+}
+
+int gwr_ring_sleeping(struct gwr_ring *r, uint32_t slot, int on) {
+    atomic_store_explicit(&r->hdr->client_sleeps, on ? 1 : 0, memory_order_seq_cst);
+    if (on && atomic_load_explicit(&r->state[slot], memory_order_seq_cst)) {
+        atomic_store_explicit(&r->hdr->client_sleeps, 0, memory_order_relaxed);
+        return 0;
+    }
+    return 1;
 }

@@ -52,6 +52,7 @@ static struct gwr_ring g_ring; /* the client's bulk ring, on a unix socket strai
 static int g_passed = -1;      /* the last descriptor the client passed (its ring's memfd) */
 static struct {
     unsigned long long frames, images_received, images_cached, bytes_in;
+    unsigned long long ring_chunks, ring_wakes; /* device-to-host slots filled; of them announced by a frame, polled */
 } g_stats;
 
 /* ------------------------------------------------------------------------ */
@@ -189,7 +190,7 @@ static ssize_t read_socket(void *dst, size_t n) {
 /* read_some reads the session, polling first where a reply was just sent. */
 static ssize_t read_some(void *dst, size_t n) {
     if (g_spin_until) {
-        gwr_spin_readable(g_fd, g_tls, g_spin_until, g_spin_until);
+        gwr_spin_readable(g_fd, g_tls, g_spin_until, g_spin_until, NULL);
         g_spin_until = 0;
     }
     ssize_t r = read_socket(dst, n);
@@ -658,9 +659,18 @@ static CUresult dtoh(const struct gwr_req *r) {
         size_t k = n - off < chunk ? (size_t)(n - off) : chunk;
         int slot = g_ring.base ? gwr_ring_take(&g_ring, GWR_RING_DTOH, 1000) : -1;
         CUresult rc = cuMemcpyDtoH_v2(slot < 0 ? buf : gwr_ring_slot(&g_ring, (uint32_t)slot), (CUdeviceptr)(src + off), k);
-        if (rc) return rc;
+        if (rc) {
+            if (slot >= 0) gwr_ring_untake(&g_ring); /* unfilled: the client still waits for this slot next */
+            return rc;
+        }
         if (slot >= 0) {
-            gwr_ring_filled(&g_ring, (uint32_t)slot);
+            g_stats.ring_chunks++;
+            if (g_ring.polled) {
+                if (!gwr_ring_announce(&g_ring, (uint32_t)slot, r->h.seq, off, (uint32_t)k)) continue;
+                g_stats.ring_wakes++; /* the client sleeps in a read: the frame wakes it */
+            } else {
+                gwr_ring_filled(&g_ring, (uint32_t)slot);
+            }
             uint8_t f[16];
             gwr_encode(f, sizeof f, "qii", off, (uint32_t)slot, (uint32_t)k);
             if (send_frame(GWR_OP_DATA_RING, r->h.seq, f, sizeof f, NULL, 0)) return PROTO_ERROR;
@@ -678,6 +688,11 @@ static CUresult ring(const struct gwr_req *r) {
     CUresult rc = CUDA_ERROR_NOT_SUPPORTED; /* a relay between (no descriptor), or not a ring */
     if (fd >= 0 && !g_ring.base && r->i[0] == GWR_RING_SLOTS && r->i[1] == GWR_RING_SLOT_BYTES && gwr_ring_map(&g_ring, fd) == 0)
         rc = CUDA_SUCCESS;
+    /* GPUWARDEN_WORKER_RING_FRAMES=1 keeps to frames, as a worker older
+     * than announcing in the ring does (for the tests of both). */
+    const char *frames = getenv("GPUWARDEN_WORKER_RING_FRAMES");
+    if (g_ring.polled && frames && !strcmp(frames, "1")) g_ring.polled = 0;
+    if (g_ring.polled) g_ring.hdr->worker_polls = GWR_RING_POLL;
     if (fd >= 0) close(fd);
     return rc;
 }
@@ -1138,10 +1153,17 @@ int main(int argc, char **argv) {
     setsockopt(g_fd, SOL_SOCKET, SO_SNDBUF, &buf, sizeof buf);
     setsockopt(g_fd, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
     int rc = serve();
-    char records[160] = "";
-    if (g_tls) gwr_tls_in_kernel(g_tls, records, sizeof records);
-    fprintf(stderr, "gpuwarden-worker: session ended: %llu frames, %llu images received, %llu images from cache, %s%s%s\n",
-            g_stats.frames, g_stats.images_received, g_stats.images_cached,
-            g_tls ? "over TLS" : g_ring.base ? "bulk ring" : "plain", g_tls ? ", " : "", records);
+    char path[160] = "plain";
+    if (g_tls) {
+        int n = snprintf(path, sizeof path, "over TLS, ");
+        gwr_tls_in_kernel(g_tls, path + n, sizeof path - (size_t)n);
+    } else if (g_ring.base && g_ring.polled) {
+        snprintf(path, sizeof path, "bulk ring (%llu device-to-host chunks announced in it, %llu of them by a frame too)",
+                 g_stats.ring_chunks, g_stats.ring_wakes);
+    } else if (g_ring.base) {
+        snprintf(path, sizeof path, "bulk ring (%llu device-to-host chunks announced by frames)", g_stats.ring_chunks);
+    }
+    fprintf(stderr, "gpuwarden-worker: session ended: %llu frames, %llu images received, %llu images from cache, %s\n",
+            g_stats.frames, g_stats.images_received, g_stats.images_cached, path);
     return rc;
 }
