@@ -354,15 +354,28 @@ func cpuOver(pid int, d time.Duration, f func() error) (time.Duration, error) {
 	return after - before, err
 }
 
-func cpuTime(pid int) (time.Duration, error) {
+// cpuTime is the CPU time a process used itself (utime and stime, fields
+// 14 and 15 of /proc/PID/stat).
+func cpuTime(pid int) (time.Duration, error) { return statTicks(pid, 11) }
+
+// reapedCPUTime is the CPU time of the children a process waited for
+// (cutime and cstime, fields 16 and 17).
+func reapedCPUTime(pid int) (time.Duration, error) { return statTicks(pid, 13) }
+
+// statTicks sums two adjacent clock-tick fields of /proc/PID/stat, from
+// field at (counted after the command's closing parenthesis).
+func statTicks(pid, at int) (time.Duration, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, err
 	}
 	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-	utime, _ := strconv.ParseUint(f[11], 10, 64) // fields 14 and 15
-	stime, _ := strconv.ParseUint(f[12], 10, 64)
-	return time.Duration(utime+stime) * 10 * time.Millisecond, nil // USER_HZ is 100
+	if len(f) <= at+1 {
+		return 0, fmt.Errorf("/proc/%d/stat has %d fields", pid, len(f))
+	}
+	a, _ := strconv.ParseUint(f[at], 10, 64)
+	c, _ := strconv.ParseUint(f[at+1], 10, 64)
+	return time.Duration(a+c) * 10 * time.Millisecond, nil // USER_HZ is 100
 }
 
 func rssMiB(pid int) (float64, error) {

@@ -40,10 +40,12 @@ const (
 	// write of the GPU node's agent in 20 calls (its own background work
 	// during the run is counted too).
 	budgetAgentSyscallsPerCall = 0.05
-	remoteBenchAddr            = "10.231.0.1"
-	remoteBenchClient          = "10.231.0.2"
-	remoteBenchNetemUs         = 50
-	remoteBenchTCPPort         = 7071 // gw-tcp's, beside the agent's 7070
+	// ... and while bulk copies stream, under 5% of the session's CPU.
+	budgetAgentCPUShare = 0.05
+	remoteBenchAddr     = "10.231.0.1"
+	remoteBenchClient   = "10.231.0.2"
+	remoteBenchNetemUs  = 50
+	remoteBenchTCPPort  = 7071 // gw-tcp's, beside the agent's 7070
 )
 
 // benchNet is one way to reach the GPU node: a network namespace to run
@@ -191,6 +193,22 @@ func benchRemote(o options, stdout io.Writer) error {
 		if n.name == "veth" {
 			fmt.Fprintf(stdout, "BENCH remote_veth_server_agent_syscalls_per_sync_call_within_budget %d bool\n",
 				b2i(per < budgetAgentSyscallsPerCall))
+		}
+	}
+	// And while bulk copies stream: the agent's share of a session's CPU,
+	// nothing but its own background work once it handed the session over.
+	for _, n := range r.nets {
+		if n.name == "veth_netem50us" {
+			continue
+		}
+		share, err := r.agentCPUShareOfBulk(n)
+		if err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "BENCH remote_%s_server_agent_cpu_share_of_bulk_copies %.3f ratio\n", n.name, share)
+		if n.name == "veth" {
+			fmt.Fprintf(stdout, "BENCH remote_veth_server_agent_cpu_share_of_bulk_copies_within_budget %d bool\n",
+				b2i(share < budgetAgentCPUShare))
 		}
 	}
 	// Launches a second (zero-length kernels, a sync every 1,000) and
@@ -422,6 +440,14 @@ func (r *remoteRunner) local(prog string, args ...string) (map[string]float64, e
 }
 
 func (r *remoteRunner) remote(n benchNet, prog string, args ...string) (map[string]float64, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), benchRunTimeout)
+	defer cancel()
+	return benchLines(r.remoteCmd(ctx, n, prog, args...))
+}
+
+// remoteCmd is prog run on the client node through `gpuwarden run`, a
+// session over n.
+func (r *remoteRunner) remoteCmd(ctx context.Context, n benchNet, prog string, args ...string) *exec.Cmd {
 	all := []string{"--net=" + n.netns, "--", filepath.Join(r.m.Bin, "gpuwarden"), "run", "--remote", n.addr,
 		"--memory", "0.5", "--cert", filepath.Join(r.creds, "client.crt"), "--key", filepath.Join(r.creds, "client.key"),
 		"--ca", filepath.Join(r.creds, "ca.crt"), "--data-path", dataPath(n.relayed)}
@@ -429,11 +455,56 @@ func (r *remoteRunner) remote(n benchNet, prog string, args ...string) (map[stri
 		all = append(all, "--local-socket", n.local)
 	}
 	all = append(all, "--", filepath.Join(r.m.Bin, prog))
-	ctx, cancel := context.WithTimeout(context.Background(), benchRunTimeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "nsenter", append(all, args...)...)
-	cmd.Env = []string{"PATH=" + os.Getenv("PATH")} // a client node: no simgpu, no driver
-	return benchLines(cmd)
+	cmd := exec.CommandContext(ctx, "nsenter", append(all, args...)...) // nsenter runs `gpuwarden run` in its place
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH")}                     // a client node: no simgpu, no driver
+	return cmd
+}
+
+// agentCPUShareOfBulk runs a session copying a buffer of few and one of
+// many MiB (gw-remote bandwidth) and returns the GPU node's agent's CPU time
+// over the sessions' (the worker's, which the agent reaps, and the client
+// side's: the program and `gpuwarden run`) between the two, so what a
+// session's start costs cancels out.
+func (r *remoteRunner) agentCPUShareOfBulk(n benchNet) (float64, error) {
+	const few, many = 16, 256
+	measure := func(mib int) (agent, session time.Duration, err error) {
+		own0, err := cpuTime(r.agentPID)
+		if err != nil {
+			return 0, 0, err
+		}
+		reaped0, err := reapedCPUTime(r.agentPID)
+		if err != nil {
+			return 0, 0, err
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), benchRunTimeout)
+		defer cancel()
+		cmd := r.remoteCmd(ctx, n, "interposer/gw-remote", "bandwidth", strconv.Itoa(mib))
+		if _, err := benchLines(cmd); err != nil {
+			return 0, 0, err
+		}
+		client := cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+		reaped := reaped0
+		for deadline := time.Now().Add(5 * time.Second); reaped == reaped0 && time.Now().Before(deadline); {
+			time.Sleep(20 * time.Millisecond) // the worker ends with its session, and the agent reaps it
+			if reaped, err = reapedCPUTime(r.agentPID); err != nil {
+				return 0, 0, err
+			}
+		}
+		own, err := cpuTime(r.agentPID)
+		return own - own0, reaped - reaped0 + client, err
+	}
+	agentFew, sessionFew, err := measure(few)
+	if err != nil {
+		return 0, err
+	}
+	agentMany, sessionMany, err := measure(many)
+	if err != nil {
+		return 0, err
+	}
+	if sessionMany <= sessionFew {
+		return 0, fmt.Errorf("a session of %d MiB of copies took no more CPU than one of %d MiB", many, few)
+	}
+	return max(float64(agentMany-agentFew), 0) / float64(sessionMany-sessionFew), nil
 }
 
 // agentSyscallsPerCall runs a session of n of few and one of many
