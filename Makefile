@@ -12,7 +12,7 @@ GOFLAGS_LD := -ldflags "-X main.version=$(VERSION)"
 DURATION ?= 0
 
 SIMGPU_STATE_SRC := simgpu/state/state.c simgpu/state/state.h
-SIMGPU_CUDA_SRC  := $(wildcard simgpu/cuda/*.c) $(wildcard simgpu/cuda/*.h) simgpu/include/cuda.h simgpu/include/cuda_procaddr.h simgpu/include/cuda_errors.h
+SIMGPU_CUDA_SRC  := $(wildcard simgpu/cuda/*.c) $(wildcard simgpu/cuda/*.h) simgpu/include/cuda.h simgpu/include/cuda_procaddr.h simgpu/include/cuda_ctx_flags.h simgpu/include/cuda_errors.h
 SIMGPU_NVML_SRC  := $(wildcard simgpu/nvml/*.c) $(wildcard simgpu/nvml/*.h) simgpu/include/nvml.h simgpu/include/nvml_errors.h
 GO_SRC           := $(shell find . -name '*.go' -not -path './bin/*') go.mod go.sum
 

@@ -36,7 +36,7 @@ $(BIN)/interposer/gw-envcheck: $(GW_DIR)/tests/gw_envcheck.c $(GW_DIR)/src/env.c
 # (libcuda.so.1 and libnvidia-ml.so.1 are both this file), and the worker
 # that runs a remote session's calls on the GPU node.
 GWR_DIR    := $(GW_DIR)/remote
-GWR_HDR    := $(GWR_DIR)/proto.h $(GWR_DIR)/client.h $(GWR_DIR)/tls13.h $(GWR_DIR)/ktls.h $(GWR_DIR)/handover.h $(GWR_DIR)/ring.h $(GWR_DIR)/spin.h $(GWR_DIR)/blocks.h simgpu/include/cuda.h simgpu/include/cuda_procaddr.h simgpu/include/cuda_errors.h simgpu/include/nvml.h simgpu/include/nvml_errors.h
+GWR_HDR    := $(GWR_DIR)/proto.h $(GWR_DIR)/client.h $(GWR_DIR)/tls13.h $(GWR_DIR)/ktls.h $(GWR_DIR)/handover.h $(GWR_DIR)/ring.h $(GWR_DIR)/spin.h $(GWR_DIR)/blocks.h simgpu/include/cuda.h simgpu/include/cuda_procaddr.h simgpu/include/cuda_ctx_flags.h simgpu/include/cuda_errors.h simgpu/include/nvml.h simgpu/include/nvml_errors.h
 GWR_COMMON := $(GWR_DIR)/decode.c $(GWR_DIR)/sha256.c $(GWR_DIR)/tls13.c $(GWR_DIR)/ktls.c $(GWR_DIR)/handover.c $(GWR_DIR)/ring.c $(GWR_DIR)/spin.c $(GWR_DIR)/blocks.c
 GWR_CLIENT := $(GWR_DIR)/client.c $(GWR_DIR)/cuda.c $(GWR_DIR)/nvml.c $(GWR_DIR)/procaddr.c $(GWR_DIR)/handles.c $(GWR_DIR)/allocs.c $(GWR_COMMON)
 

@@ -2,6 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cuda_ctx_flags.h"
 #include "internal.h"
 
 #define SG_CTX_STACK 16
@@ -12,13 +13,6 @@ static __thread int tl_depth;
 static pthread_mutex_t g_primary_mu = PTHREAD_MUTEX_INITIALIZER;
 static struct CUctx_st *g_primary[SG_MAX_DEVICES];
 static unsigned g_primary_flags[SG_MAX_DEVICES]; /* kept while the primary context is inactive too */
-
-/* flags_valid: only CU_CTX_* bits, and one scheduling policy at most. */
-static int flags_valid(unsigned flags) {
-    unsigned sched = flags & CU_CTX_SCHED_MASK;
-    return !(flags & ~(unsigned)CU_CTX_FLAGS_MASK) && (sched == CU_CTX_SCHED_AUTO || sched == CU_CTX_SCHED_SPIN ||
-                                                       sched == CU_CTX_SCHED_YIELD || sched == CU_CTX_SCHED_BLOCKING_SYNC);
-}
 
 int sg_ctx_valid(struct CUctx_st *c) { return c && c->magic == SG_MAGIC_CTX; }
 
@@ -82,7 +76,7 @@ static void ctx_free(struct CUctx_st *c) {
 
 SG_EXPORT CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
     if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
-    if (!pctx || !flags_valid(flags)) return CUDA_ERROR_INVALID_VALUE;
+    if (!pctx || !cuda_ctx_flags_valid(flags)) return CUDA_ERROR_INVALID_VALUE;
     if (tl_depth == SG_CTX_STACK) return CUDA_ERROR_INVALID_VALUE;
     struct CUctx_st *c;
     CUresult rc = ctx_new(dev, 0, &c);
@@ -223,7 +217,7 @@ SG_EXPORT CUresult cuDevicePrimaryCtxRelease_v2(CUdevice dev) {
 SG_EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int flags) {
     if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
     if (sg_dev_index(dev) < 0) return CUDA_ERROR_INVALID_DEVICE;
-    if (!flags_valid(flags)) return CUDA_ERROR_INVALID_VALUE;
+    if (!cuda_ctx_flags_valid(flags)) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_primary_mu);
     g_primary_flags[dev] = flags;
     if (g_primary[dev]) g_primary[dev]->flags = flags;
@@ -255,7 +249,7 @@ SG_EXPORT CUresult cuCtxSetFlags(unsigned int flags) {
     struct CUctx_st *c;
     CUresult rc = sg_current(&c);
     if (rc) return rc;
-    if (!flags_valid(flags)) return CUDA_ERROR_INVALID_VALUE;
+    if (!cuda_ctx_flags_valid(flags)) return CUDA_ERROR_INVALID_VALUE;
     c->flags = flags;
     if (c->primary) {
         pthread_mutex_lock(&g_primary_mu);

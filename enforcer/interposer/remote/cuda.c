@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "client.h"
+#include "cuda_ctx_flags.h"
 
 #define Q(x) ((uint64_t)(x))
 #define I(x) ((uint32_t)(x))
@@ -282,13 +283,6 @@ static struct CUctx_st *g_primary[64];
 static unsigned g_primary_flags[64]; /* kept while the primary context is inactive too */
 static pthread_mutex_t g_primary_mu = PTHREAD_MUTEX_INITIALIZER;
 
-/* flags_valid: only CU_CTX_* bits, and one scheduling policy at most. */
-static int flags_valid(unsigned flags) {
-    unsigned sched = flags & CU_CTX_SCHED_MASK;
-    return !(flags & ~(unsigned)CU_CTX_FLAGS_MASK) && (sched == CU_CTX_SCHED_AUTO || sched == CU_CTX_SCHED_SPIN ||
-                                                       sched == CU_CTX_SCHED_YIELD || sched == CU_CTX_SCHED_BLOCKING_SYNC);
-}
-
 GWR_EXPORT CUresult cuDevicePrimaryCtxRetain(CUcontext *pctx, CUdevice dev) {
     READY();
     if (!pctx) return CUDA_ERROR_INVALID_VALUE;
@@ -334,7 +328,7 @@ GWR_EXPORT CUresult cuDevicePrimaryCtxSetFlags_v2(CUdevice dev, unsigned int fla
     READY();
     CUresult rc = dev_check(dev);
     if (rc) return rc;
-    if (!flags_valid(flags)) return CUDA_ERROR_INVALID_VALUE;
+    if (!cuda_ctx_flags_valid(flags)) return CUDA_ERROR_INVALID_VALUE;
     pthread_mutex_lock(&g_primary_mu);
     g_primary_flags[dev] = flags;
     if (g_primary[dev]) g_primary[dev]->flags = flags;
@@ -367,7 +361,7 @@ GWR_EXPORT CUresult cuCtxSetFlags(unsigned int flags) {
     READY();
     struct CUctx_st *c = cur();
     if (!c) return CUDA_ERROR_INVALID_CONTEXT;
-    if (!flags_valid(flags)) return CUDA_ERROR_INVALID_VALUE;
+    if (!cuda_ctx_flags_valid(flags)) return CUDA_ERROR_INVALID_VALUE;
     c->flags = flags;
     if (c->primary) {
         pthread_mutex_lock(&g_primary_mu);
