@@ -171,10 +171,21 @@ static struct waiter *find_waiter(uint32_t seq) {
     return NULL;
 }
 
+/* ring_chunk copies the device-to-host chunk the worker filled in slot,
+ * n bytes at off of w's copy, into w's buffer and frees the slot: 0, or -1
+ * for a chunk nobody asked for (the session is over). */
+static int ring_chunk(struct waiter *w, uint32_t slot, uint64_t off, uint32_t n) {
+    if (!w || slot < GWR_RING_DTOH || slot >= GWR_RING_SLOTS || n > GWR_RING_SLOT_BYTES || off > w->nbulk ||
+        n > w->nbulk - off)
+        return -1;
+    memcpy(w->bulk + off, gwr_ring_slot(&S.ring, slot), n);
+    gwr_ring_emptied(&S.ring, slot);
+    return 0;
+}
+
 /* ring_drain takes the device-to-host chunks the worker announced in the
  * ring (ring.h), in the order it filled them, into their callers' buffers:
- * 0, or -1 for a chunk nobody asked for (the session is over). Only the
- * reading call drains. */
+ * 0, or -1 as ring_chunk. Only the reading call drains. */
 static int ring_drain(void) {
     for (;;) {
         uint32_t slot = GWR_RING_DTOH + S.dnext;
@@ -183,9 +194,7 @@ static int ring_drain(void) {
         pthread_mutex_lock(&S.mu);
         struct waiter *w = find_waiter(d.seq);
         pthread_mutex_unlock(&S.mu);
-        if (!w || d.len > GWR_RING_SLOT_BYTES || d.off > w->nbulk || d.len > w->nbulk - d.off) return -1;
-        memcpy(w->bulk + d.off, gwr_ring_slot(&S.ring, slot), d.len);
-        gwr_ring_emptied(&S.ring, slot);
+        if (ring_chunk(w, slot, d.off, d.len)) return -1;
         S.dnext = (S.dnext + 1) % (GWR_RING_SLOTS / 2);
     }
 }
@@ -215,12 +224,7 @@ static int read_one(int fd, struct gwr_tls *tls) {
         if (h.len != sizeof f || read_session(fd, tls, f, sizeof f) || !S.ring.base) return -1;
         if (S.ring.polled) return ring_drain(); /* the worker woke a sleeping reader: the ring says the rest */
         memcpy(&off, f, 8), memcpy(&slot, f + 8, 4), memcpy(&n, f + 12, 4);
-        if (!w || slot < GWR_RING_DTOH || slot >= GWR_RING_SLOTS || n > GWR_RING_SLOT_BYTES || off > w->nbulk ||
-            n > w->nbulk - off)
-            return -1;
-        memcpy(w->bulk + off, gwr_ring_slot(&S.ring, slot), n);
-        gwr_ring_emptied(&S.ring, slot);
-        return 0;
+        return ring_chunk(w, slot, off, n);
     }
     if (h.op != GWR_OP_REPLY || h.len < 4 || read_session(fd, tls, scratch, h.len) || !w) return -1;
     if (S.ring.polled && ring_drain()) return -1; /* a copy's last chunks were filled before its reply */
