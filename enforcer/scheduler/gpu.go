@@ -108,12 +108,17 @@ func (g *gpu) add(m *member) {
 	g.activate(m)
 }
 
-// remove forgets m.
-func (g *gpu) remove(m *member) {
+// remove forgets m, at now. A drain of its work ends there: its ledger
+// closes with it, and the next owner's gate would otherwise wait on marks
+// that no longer come.
+func (g *gpu) remove(m *member, now time.Time) {
 	g.members = without(g.members, m)
 	g.active = without(g.active, m)
 	if g.owner == m {
 		g.owner = nil
+	}
+	if g.draining == m {
+		g.endDrain(now)
 	}
 	g.dirty = true
 }
@@ -606,18 +611,23 @@ func markTime(done uint64, now time.Time) time.Time {
 // cost a container that takes the device from another more than one that
 // keeps it, and so the smaller share most.
 func (g *gpu) settleDrain(end, now time.Time) {
-	d, o := g.draining, g.owner
-	g.draining = nil
+	d := g.draining
 	if end.Before(g.clockAt) {
 		end = g.clockAt
 	}
 	d.charge(float64(end.Sub(g.clockAt)))
-	g.clockAt = now
-	if o != nil {
-		g.sliceStart = now
-	}
-	if d != o { // the same member's next slice goes on counting
+	g.endDrain(now)
+	if d != g.owner { // the same member's next slice goes on counting
 		g.costFromSlice(d, g.closePassed)
+	}
+}
+
+// endDrain ends the drain at now: the owner's clock and slice start now.
+func (g *gpu) endDrain(now time.Time) {
+	g.draining = nil
+	g.clockAt = now
+	if g.owner != nil {
+		g.sliceStart = now
 	}
 }
 

@@ -266,11 +266,12 @@ func (s *Scheduler) RemoveContainer(key string) error {
 	c.setGates(0)
 	delete(s.containers, key)
 	delete(s.unclaimed, key)
+	now := time.Now()
 	for _, d := range c.devices {
 		g := s.gpus[d.UUID]
 		for _, m := range g.members {
 			if m.c == c {
-				g.remove(m)
+				g.remove(m, now)
 				break
 			}
 		}
