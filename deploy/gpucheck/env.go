@@ -457,6 +457,27 @@ func (a *agent) stop() {
 	}
 }
 
+// stopFor ends the agent at the end of a part, and fails the part where it
+// had ended by itself before: what the part measured after that, it
+// measured without an agent (launches at the pace a silent agent leaves).
+func (a *agent) stopFor(r *Result) {
+	if err := a.exited(); err != nil {
+		r.Fail("agent", "%v", err)
+		return
+	}
+	a.stop()
+}
+
+// exited says, with the agent's last words, whether it has ended by itself.
+func (a *agent) exited() error {
+	select {
+	case <-a.p.done:
+		return fmt.Errorf("the agent exited (%v): %s", a.p.cmd.ProcessState, a.crash())
+	default:
+		return nil
+	}
+}
+
 // tail is the end of the agent's log, for a failed check's detail.
 func (a *agent) tail() string {
 	b, _ := os.ReadFile(a.log)
@@ -464,6 +485,16 @@ func (a *agent) tail() string {
 		b = b[len(b)-1500:]
 	}
 	return strings.TrimSpace(string(b))
+}
+
+// crash is the agent's log from its panic on, or its tail where it has none.
+func (a *agent) crash() string {
+	b, _ := os.ReadFile(a.log)
+	i := strings.Index(string(b), "\npanic: ")
+	if i < 0 {
+		return a.tail()
+	}
+	return tailText(string(b[i+1:min(len(b), i+1+1500)]), 1500)
 }
 
 var httpClient = &http.Client{Timeout: 10 * time.Second}

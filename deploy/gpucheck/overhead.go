@@ -290,6 +290,9 @@ func (e *env) probedRun(ctx context.Context, secs float64, progs *progStats) (fl
 		return 0, err
 	}
 	after := <-end
+	if err := a.exited(); err != nil {
+		return 0, err
+	}
 	if progs.err == nil {
 		if progs.err = errors.Join(before.err, after.err); progs.err == nil {
 			progs.add(before.stats, after.stats, after.at.Sub(before.at))

@@ -28,7 +28,7 @@ func checkProbes(ctx context.Context, e *env, r *Result) {
 		r.Fail("agent", "%v", err)
 		return
 	}
-	defer a.stop()
+	defer a.stopFor(r)
 	want := map[string]uint64{"probe-a": 3 * gib / 2, "probe-b": 3 * gib}
 	procs := map[string]*steered{}
 	cgs := map[string]*cgroup{}

@@ -220,10 +220,14 @@ func checkShares(ctx context.Context, e *env, r *Result) {
 		r.Fail("agent", "%v", err)
 		return
 	}
-	defer a.stop()
+	defer a.stopFor(r)
 	tm := e.shareTiming()
 	solo := map[string]float64{}
 	for _, row := range rows {
+		if a.exited() != nil { // stopFor says why
+			r.Skip(row.name, "the agent has exited")
+			continue
+		}
 		if dl, ok := ctx.Deadline(); ok && time.Until(dl) < tm.rowTime()+20*time.Second {
 			r.Skip(row.name, "out of the part's time")
 			continue
