@@ -1,6 +1,7 @@
 /* Streams, events, launches, modules and graphs. Each stream has a worker
  * thread that runs its work in order; kernels take turns on the device's
  * execution engine (state.c), across all processes. */
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -29,28 +30,77 @@ static void run_op(struct CUstream_st *st, struct sg_op *op) {
     }
 }
 
+/* A stream's queue: pushers take mu among themselves, the worker runs ops
+ * without it. A thread that must wait (the worker for an op, a pusher for
+ * room, a synchronize for the queue or an event) sleeps on cv under mu,
+ * counted in sleepers first; whoever changes what it waits for wakes it
+ * only while someone sleeps. So a launch into a stream whose worker is busy,
+ * or still looking for work, makes no system call: a GPU's queue is not a
+ * thread, and launching into it wakes nobody. */
+
+/* sleep_until sleeps on st->cv, under st->mu (held), until done(st, arg). */
+static void sleep_until(struct CUstream_st *st, int (*done)(struct CUstream_st *, const void *), const void *arg) {
+    atomic_fetch_add(&st->sleepers, 1);
+    while (!done(st, arg)) pthread_cond_wait(&st->cv, &st->mu);
+    atomic_fetch_sub(&st->sleepers, 1);
+}
+
+/* wake wakes the threads asleep on st->cv, if any; for the worker, which
+ * does not hold st->mu. */
+static void wake(struct CUstream_st *st) {
+    if (!atomic_load(&st->sleepers)) return;
+    pthread_mutex_lock(&st->mu);
+    pthread_cond_broadcast(&st->cv);
+    pthread_mutex_unlock(&st->mu);
+}
+
+static int queued_after(struct CUstream_st *st, const void *head) {
+    return atomic_load(&st->tail) != *(const uint64_t *)head || st->stopping;
+}
+static int has_room(struct CUstream_st *st, const void *unused) {
+    (void)unused;
+    return atomic_load(&st->tail) - atomic_load(&st->head) < SG_QUEUE_LEN;
+}
+static int drained(struct CUstream_st *st, const void *unused) {
+    (void)unused;
+    return atomic_load(&st->head) == atomic_load(&st->tail);
+}
+
+/* How long an idle worker looks for its next op before it sleeps: longer
+ * than the gap between a launch loop's launches. */
+#define SG_WORKER_SPIN_NS 5000
+
+/* next_op waits for an op after head: 0 once the stream stops with none. */
+static int next_op(struct CUstream_st *st, uint64_t head) {
+    for (uint64_t start = sg_now_ns(); sg_now_ns() - start < SG_WORKER_SPIN_NS; sched_yield())
+        if (atomic_load(&st->tail) != head) return 1;
+    pthread_mutex_lock(&st->mu);
+    sleep_until(st, queued_after, &head);
+    int more = atomic_load(&st->tail) != head;
+    pthread_mutex_unlock(&st->mu);
+    return more;
+}
+
 static void *worker(void *arg) {
     struct CUstream_st *st = arg;
-    pthread_mutex_lock(&st->mu);
+    uint64_t head = atomic_load(&st->head), tail = head;
     for (;;) {
-        while (st->head == st->tail && !st->stopping) pthread_cond_wait(&st->cv, &st->mu);
-        if (st->head == st->tail) break;
-        struct sg_op op = st->ops[st->head % SG_QUEUE_LEN];
-        st->running = 1;
-        pthread_mutex_unlock(&st->mu);
+        if (head == tail && (tail = atomic_load(&st->tail)) == head) {
+            if (!next_op(st, head)) break;
+            tail = atomic_load(&st->tail);
+        }
+        struct sg_op op = st->ops[head % SG_QUEUE_LEN];
         run_op(st, &op);
-        pthread_mutex_lock(&st->mu);
-        st->head++;
-        st->running = 0;
-        pthread_cond_broadcast(&st->cv);
+        atomic_store(&st->head, ++head);
+        wake(st);
     }
-    pthread_mutex_unlock(&st->mu);
     return NULL;
 }
 
 struct CUstream_st *sg_stream_new(struct CUctx_st *ctx) {
-    struct CUstream_st *st = calloc(1, sizeof *st);
+    struct CUstream_st *st = aligned_alloc(_Alignof(struct CUstream_st), sizeof *st); /* its cache lines */
     if (!st) return NULL;
+    memset(st, 0, sizeof *st);
     st->magic = SG_MAGIC_STREAM;
     st->ctx = ctx;
     pthread_mutex_init(&st->mu, NULL);
@@ -92,11 +142,15 @@ CUresult sg_stream_push(struct CUstream_st *st, struct sg_op op) {
         }
         st->worker_started = 1;
     }
-    while (st->tail - st->head == SG_QUEUE_LEN) pthread_cond_wait(&st->cv, &st->mu);
+    if (atomic_load_explicit(&st->tail, memory_order_relaxed) - st->head_seen >= SG_QUEUE_LEN) {
+        sleep_until(st, has_room, NULL); /* other pushers may push meanwhile */
+        st->head_seen = atomic_load(&st->head);
+    }
+    uint64_t tail = atomic_load_explicit(&st->tail, memory_order_relaxed); /* only pushers write it, under mu */
     op.queued_ns = sg_now_ns();
-    st->ops[st->tail % SG_QUEUE_LEN] = op;
-    st->tail++;
-    pthread_cond_broadcast(&st->cv);
+    st->ops[tail % SG_QUEUE_LEN] = op;
+    atomic_store(&st->tail, tail + 1);
+    if (atomic_load(&st->sleepers)) pthread_cond_broadcast(&st->cv);
     pthread_mutex_unlock(&st->mu);
     return CUDA_SUCCESS;
 }
@@ -104,7 +158,7 @@ CUresult sg_stream_push(struct CUstream_st *st, struct sg_op op) {
 CUresult sg_stream_sync(struct CUstream_st *st) {
     pthread_mutex_lock(&st->mu);
     int capturing = st->capturing;
-    while (!capturing && st->head != st->tail) pthread_cond_wait(&st->cv, &st->mu);
+    if (!capturing) sleep_until(st, drained, NULL);
     pthread_mutex_unlock(&st->mu);
     return capturing ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
 }
@@ -149,10 +203,7 @@ SG_EXPORT CUresult cuStreamQuery(CUstream hStream) {
     struct CUstream_st *st;
     CUresult rc = sg_stream_resolve(hStream, &st);
     if (rc) return rc;
-    pthread_mutex_lock(&st->mu);
-    int idle = st->head == st->tail;
-    pthread_mutex_unlock(&st->mu);
-    return idle ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+    return drained(st, NULL) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
 SG_EXPORT CUresult cuEventCreate(CUevent *phEvent, unsigned int Flags) {
@@ -188,14 +239,25 @@ SG_EXPORT CUresult cuEventQuery(CUevent hEvent) {
     return atomic_load(&hEvent->completed) == atomic_load(&hEvent->recorded) ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
+/* An event's records up to target have run. */
+struct event_wait {
+    CUevent e;
+    uint64_t target;
+};
+static int event_reached(struct CUstream_st *st, const void *arg) {
+    (void)st;
+    const struct event_wait *w = arg;
+    return atomic_load(&w->e->completed) >= w->target;
+}
+
 SG_EXPORT CUresult cuEventSynchronize(CUevent hEvent) {
     if (!sg_ready()) return CUDA_ERROR_NOT_INITIALIZED;
     if (!event_valid(hEvent)) return CUDA_ERROR_INVALID_HANDLE;
     struct CUstream_st *st = hEvent->stream;
     if (!st) return CUDA_SUCCESS; /* never recorded: nothing to wait for */
-    uint64_t target = atomic_load(&hEvent->recorded);
+    struct event_wait w = {hEvent, atomic_load(&hEvent->recorded)};
     pthread_mutex_lock(&st->mu);
-    while (atomic_load(&hEvent->completed) < target) pthread_cond_wait(&st->cv, &st->mu);
+    sleep_until(st, event_reached, &w);
     pthread_mutex_unlock(&st->mu);
     return CUDA_SUCCESS;
 }

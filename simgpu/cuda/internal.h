@@ -51,12 +51,18 @@ struct sg_op {
 struct CUstream_st {
     uint32_t magic;
     struct CUctx_st *ctx;
-    pthread_mutex_t mu;
+    pthread_mutex_t mu;     /* among pushers; and for sleeping on cv */
     pthread_cond_t cv;      /* ops queued, ops done, or stopping */
     struct sg_op ops[SG_QUEUE_LEN];
-    uint64_t head, tail;    /* ops[head % LEN] .. ops[tail % LEN] are queued */
-    int running;            /* the worker runs ops[head] */
-    uint64_t done_ns;       /* when its latest op ended, in device time (worker only) */
+    /* ops[head % LEN] .. ops[tail % LEN] are queued: tail is published by
+     * pushers (under mu), head by the worker once an op has run (without
+     * it). Each on a cache line of its own, beside what only its writer
+     * reads, so that a launch and the op before it do not fight over one. */
+    _Alignas(64) _Atomic uint64_t tail;
+    uint64_t head_seen;     /* head as pushers last read it (under mu) */
+    _Alignas(64) _Atomic uint64_t head;
+    _Alignas(64) _Atomic int sleepers; /* threads asleep on cv, or about to be */
+    _Alignas(64) uint64_t done_ns;     /* when its latest op ended, in device time (worker only) */
     int stopping;
     pthread_t worker;
     int worker_started;

@@ -21,6 +21,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
@@ -1449,6 +1450,66 @@ static void stream_device_serializes(void) {
     CHECK_RC(cuStreamDestroy_v2(b), OK);
 }
 
+/* Threads launching into one stream behind a long kernel: every launch and
+ * event still runs once the kernel ends. A stream queues 1,024 launches at
+ * most, as a GPU does; a launch into a full queue waits for room. */
+struct queue_pusher {
+    CUstream s;
+    int launches;
+    CUevent done;
+    CUresult rc;
+    double ms; /* how long its launches took to queue */
+};
+
+static void *queue_push(void *arg) {
+    struct queue_pusher *p = arg;
+    uint64_t t0 = now_ns();
+    if ((p->rc = cuCtxSetCurrent(g_base)) != OK) return NULL;
+    for (int i = 0; i < p->launches && p->rc == OK; i++) p->rc = launch(p->s, 0);
+    if (p->rc == OK) p->rc = cuEventRecord(p->done, p->s);
+    p->ms = ms_since(t0);
+    return NULL;
+}
+
+/* push_behind_kernel has n threads launch `launches` kernels each behind a
+ * 50 ms one, and returns how long the slowest took to queue them. */
+static double push_behind_kernel(int n, int launches) {
+    enum { MAX_THREADS = 8 };
+    CUstream s;
+    struct queue_pusher p[MAX_THREADS] = {{0}};
+    pthread_t t[MAX_THREADS];
+    double longest = 0;
+    if (!CHECK_RC(cuStreamCreate(&s, 0), OK)) return 0;
+    CHECK_RC(launch(s, 50 * MS), OK);
+    int started = 0;
+    for (; started < n && started < MAX_THREADS; started++) {
+        p[started].s = s;
+        p[started].launches = launches;
+        if (!CHECK_RC(cuEventCreate(&p[started].done, 0), OK) ||
+            !EXPECT(!pthread_create(&t[started], NULL, queue_push, &p[started]), "pthread_create failed"))
+            break;
+    }
+    for (int i = 0; i < started; i++) {
+        pthread_join(t[i], NULL);
+        CHECK_RC(p[i].rc, OK);
+        CHECK_RC(cuEventSynchronize(p[i].done), OK);
+        CHECK_RC(cuEventQuery(p[i].done), OK);
+        if (p[i].ms > longest) longest = p[i].ms;
+    }
+    CHECK_RC(cuStreamSynchronize(s), OK);
+    CHECK_RC(cuStreamQuery(s), OK);
+    for (int i = 0; i < started; i++) CHECK_RC(cuEventDestroy_v2(p[i].done), OK);
+    CHECK_RC(cuStreamDestroy_v2(s), OK);
+    return longest;
+}
+
+static void stream_threads(void) { push_behind_kernel(4, 600); }
+
+static void stream_queue_depth(void) {
+    double ms = push_behind_kernel(1, 1100);
+    EXPECT(ms >= 40, "1,100 launches behind a 50 ms kernel were queued within %.1f ms: a full queue did not hold them", ms);
+}
+
 /* ------------------------------------------------------------------------ */
 /* event                                                                     */
 
@@ -1759,6 +1820,8 @@ static const struct check g_checks[] = {
     {"stream/special-handles", stream_special_handles},
     {"stream/in-order", stream_in_order},
     {"stream/device-serializes", stream_device_serializes},
+    {"stream/threads", stream_threads},
+    {"stream/queue-depth", stream_queue_depth},
     {"event/elapsed-kernel", event_elapsed_kernel},
     {"event/not-ready", event_not_ready},
     {"event/unrecorded", event_unrecorded},
