@@ -494,7 +494,7 @@ func (a *agent) crash() string {
 	if i < 0 {
 		return a.tail()
 	}
-	return tailText(string(b[i+1:min(len(b), i+1+1500)]), 1500)
+	return strings.TrimSpace(string(b[i+1 : min(len(b), i+1+1500)]))
 }
 
 var httpClient = &http.Client{Timeout: 10 * time.Second}

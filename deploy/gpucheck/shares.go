@@ -11,6 +11,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
 )
 
 // trainer is one training process: PyTorch's ResNet-50 on NVIDIA's driver,
@@ -320,9 +322,10 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row sha
 		ts[0].p.stop()
 		cgs[0].remove()
 		if err := waitFor(ctx, 10*time.Second, func() error {
-			out, err := e.ctl(a, "gpu", "0")
-			if err == nil && !strings.Contains(out, ", 1 containers") {
-				err = fmt.Errorf("container a is still enforced: %s", out)
+			var gpu agentapi.GPUInfo
+			err := a.get("/api/v1/gpus/0", &gpu)
+			if err == nil && gpu.Containers != 1 {
+				err = fmt.Errorf("the agent holds %d containers on GPU 0, want b alone", gpu.Containers)
 			}
 			return err
 		}); err != nil {

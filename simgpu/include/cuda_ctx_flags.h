@@ -1,7 +1,7 @@
 /* A context's flags as the driver API takes them (cuCtxCreate,
  * cuCtxSetFlags, cuDevicePrimaryCtxSetFlags): for a library that
  * implements the API itself, simgpu's libcuda.so.1 and gpuwarden's remote
- * client, so both refuse the same flags. Include it after cuda.h. */
+ * client, so both refuse the same flags. */
 #ifndef CUDA_CTX_FLAGS_H
 #define CUDA_CTX_FLAGS_H
 

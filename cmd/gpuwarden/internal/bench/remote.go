@@ -213,9 +213,10 @@ func benchRemote(o options, stdout io.Writer) error {
 	// the worker and simgpu's stream thread) share two CPUs; the rate the
 	// budget holds is measured at the end, under the h200 model.
 	got := map[string]map[string]float64{}
+	launches := figure{prog: "interposer/gw-remote", args: []string{"launches", "200000"}, key: "launches_per_sec",
+		name: "launches_per_sec", unit: "launches/s"}
 	for _, f := range []figure{
-		{prog: "interposer/gw-remote", args: []string{"launches", "200000"}, key: "launches_per_sec", name: "launches_per_sec",
-			unit: "launches/s"},
+		launches,
 		{prog: "interposer/gw-remote", args: []string{"bandwidth", "64"}, key: "htod_mib_per_sec", name: "htod_mib_per_sec",
 			unit: "MiB/s", budget: budgetBandwidth, budgetNets: []string{"same_node"}},
 		{prog: "interposer/gw-remote", args: []string{"bandwidth", "64"}, key: "dtoh_mib_per_sec", name: "dtoh_mib_per_sec",
@@ -237,8 +238,8 @@ func benchRemote(o options, stdout io.Writer) error {
 		return err
 	}
 	r.agentPID, r.env = agent.Process.Pid, []string{"SIMGPU_MODEL=h200"}
-	_, err = r.compare(figure{prog: "interposer/gw-remote", args: []string{"launches", "200000"}, key: "launches_per_sec",
-		name: "h200_launches_per_sec", unit: "launches/s", budget: budgetLaunchRate, budgetNets: []string{"veth"}}, stdout)
+	launches.name, launches.budget, launches.budgetNets = "h200_launches_per_sec", budgetLaunchRate, []string{"veth"}
+	_, err = r.compare(launches, stdout)
 	return err
 }
 
