@@ -48,6 +48,12 @@ const (
 	// sustain is how long a comparison must fail before it is a breach, so
 	// two reads a few microseconds apart never make one.
 	sustain = 2 * time.Second
+	// bypassSustain makes a bypass wait for the next view (views are a
+	// second apart): a view reads the ledgers, then eBPF, and a starting
+	// process opens its ledger before cuInit but claims the slot that
+	// vouches for it only after, so one view can read its ledger unvouched
+	// and then see its first context. The next view reads both settled.
+	bypassSustain = 200 * time.Millisecond
 	// remember keeps an instant breach (a counter that went back) reported
 	// for this long, so alerts and scrapes see it.
 	remember = time.Minute
@@ -278,9 +284,9 @@ func (jd *judge) keepLedgers(seen map[string]bool) {
 	}
 }
 
-// hold turns this view's failing comparisons into breaches: a sustained
-// one after it held for `sustain`, bypasses at once, a rewound ledger for
-// `remember` after it was seen.
+// hold turns this view's failing comparisons into breaches once they held
+// for their sustainOf (a bypass: the next view), and keeps a rewound ledger
+// one for `remember` after it was seen.
 func (jd *judge) hold(k Key, fails []agentapi.Breach, now time.Time) []agentapi.Breach {
 	since := jd.since[k]
 	if since == nil {
@@ -318,14 +324,14 @@ func (jd *judge) hold(k Key, fails []agentapi.Breach, now time.Time) []agentapi.
 	return out
 }
 
-// sustainOf is how long a reason's evidence must hold: a bypass is a fact
-// at once; comparisons of figures read apart need time, and so does a false
-// claim, which a container restarted in a new cgroup makes for the moment
-// between mapping its ledger and binding it to the new cgroup.
+// sustainOf is how long a reason's evidence must hold: a bypass until the
+// next view; comparisons of figures read apart need time, and so does a
+// false claim, which a container restarted in a new cgroup makes for the
+// moment between mapping its ledger and binding it to the new cgroup.
 func sustainOf(reason string) time.Duration {
 	switch reason {
 	case BreachBypass:
-		return 0
+		return bypassSustain
 	case BreachOverShare:
 		return shareSustain
 	}

@@ -1,6 +1,7 @@
 package collector
 
 import (
+	"log/slog"
 	"testing"
 	"time"
 
@@ -19,7 +20,8 @@ func reasonsOf(bs []agentapi.Breach) map[string]bool {
 }
 
 // A comparison or a false claim must fail for `sustain` before it is a
-// breach; a bypass is one at once; a rewound ledger stays one for `remember`.
+// breach; a bypass must be seen by the next view too; a rewound ledger stays
+// one for `remember`.
 func TestJudgeHold(t *testing.T) {
 	jd := newJudge()
 	k := Key{Cgroup: 7, GPU: 0}
@@ -37,8 +39,13 @@ func TestJudgeHold(t *testing.T) {
 	if got := jd.hold(k, over, t0.Add(sustain+2*time.Second)); len(got) != 0 {
 		t.Errorf("failing again starts the wait again: %v", got)
 	}
-	if got := jd.hold(k, []agentapi.Breach{{Reason: BreachBypass}}, t0); !reasonsOf(got)[BreachBypass] {
-		t.Errorf("a bypass is not a breach at once: %v", got)
+	kb := Key{Cgroup: 9, GPU: 0}
+	bypass := []agentapi.Breach{{Reason: BreachBypass}}
+	if got := jd.hold(kb, bypass, t0); len(got) != 0 {
+		t.Errorf("a bypass seen by one view is a breach: %v", got)
+	}
+	if got := jd.hold(kb, bypass, t0.Add(time.Second)); !reasonsOf(got)[BreachBypass] {
+		t.Errorf("a bypass the next view sees again is not a breach: %v", got)
 	}
 
 	u := &controlblock.UsageSnapshot{CgroupID: 7}
@@ -184,4 +191,42 @@ func b2f(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// TestStartingContainerIsNoBypass: a view can read a starting container's
+// ledger before its process claims the slot that vouches for it (the
+// interposer opens the ledger before cuInit, claims the slot after) and
+// then see the context the process made since. That is no bypass: the
+// next view reads the ledger vouched. A cgroup with activity and no
+// ledger in both views is one.
+func TestStartingContainerIsNoBypass(t *testing.T) {
+	c := New("node", "test", Sources{}, slog.New(slog.DiscardHandler))
+	starting, bypass := Key{Cgroup: 1, GPU: 0}, Key{Cgroup: 2, GPU: 0}
+	view := func(at time.Time, ledgers map[uint64]*ledger) map[Key][]agentapi.Breach {
+		j := &joiner{c: c, v: &View{Time: at}, procs: map[Key][]gpuProc{}, ordinals: map[Key]int{}, entries: map[Key]*agentapi.ContainerDevice{
+			starting: {CgroupID: starting.Cgroup, Unenforced: ledgers[starting.Cgroup] == nil},
+			bypass:   {CgroupID: bypass.Cgroup, Unenforced: true},
+		}}
+		j.judgeAll(ledgers, nil, at)
+		out := map[Key][]agentapi.Breach{}
+		for k, e := range j.entries {
+			out[k] = e.Breaches
+		}
+		return out
+	}
+	t0 := time.Unix(1000, 0)
+	// The first view: the starting container's ledger refused (no slot
+	// vouches yet), its context seen.
+	first := view(t0, map[uint64]*ledger{})
+	if len(first[starting]) != 0 || len(first[bypass]) != 0 {
+		t.Fatalf("one view's reading is a breach: %v", first)
+	}
+	vouched := &ledger{dir: "starting", usage: &controlblock.UsageSnapshot{CgroupID: starting.Cgroup, NDev: 1}}
+	second := view(t0.Add(time.Second), map[uint64]*ledger{starting.Cgroup: vouched})
+	if len(second[starting]) != 0 {
+		t.Errorf("a container whose ledger the next view reads vouched is in breach: %v", second[starting])
+	}
+	if !reasonsOf(second[bypass])[BreachBypass] {
+		t.Errorf("a cgroup active without a ledger in two views is no bypass: %v", second[bypass])
+	}
 }
