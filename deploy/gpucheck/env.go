@@ -478,6 +478,14 @@ func (a *agent) exited() error {
 	}
 }
 
+// keepLog copies the agent's log to path, beside the report, where its
+// warnings explain what a part measured.
+func (a *agent) keepLog(path string) {
+	if b, err := os.ReadFile(a.log); err == nil {
+		_ = os.WriteFile(path, b, 0o644)
+	}
+}
+
 // tail is the end of the agent's log, for a failed check's detail.
 func (a *agent) tail() string {
 	b, _ := os.ReadFile(a.log)

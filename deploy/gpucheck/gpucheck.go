@@ -84,7 +84,7 @@ func Run(o Options) (bool, error) {
 			// Its share of what is left, so time a quick part did not use
 			// goes to the later ones; at least a minute, so a loaded
 			// machine's slow start does not cut a short part off.
-			d := min(max(time.Duration(float64(left)*p.share/sharesFrom(i)), time.Minute), left)
+			d := min(max(time.Duration(float64(left)*p.share/sharesFrom(i, o.Parts)), time.Minute), left)
 			fmt.Fprintf(o.Log, "gpu-check: %s (up to %s)\n", p.title, d.Round(time.Second))
 			runPart(p, e, r, d)
 		}
@@ -101,11 +101,15 @@ func Run(o Options) (bool, error) {
 // PartCount is how many parts there are, for --parts.
 func PartCount() int { return len(parts) }
 
-// sharesFrom is the sum of the shares of parts i and after.
-func sharesFrom(i int) float64 {
+// sharesFrom is the sum of the shares of parts i and after that will run
+// (all, or those asked for), so a part not asked for leaves its time to the
+// others.
+func sharesFrom(i int, asked []int) float64 {
 	sum := 0.0
-	for _, p := range parts[i:] {
-		sum += p.share
+	for j := i; j < len(parts); j++ {
+		if len(asked) == 0 || slices.Contains(asked, j+1) {
+			sum += parts[j].share
+		}
 	}
 	return sum
 }

@@ -195,13 +195,9 @@ rounds:
 			wall = append(wall, fmt.Sprintf("%.0f", time.Since(start).Seconds()))
 		}
 	}
-	// Whole rounds only, so every mean is over the same rounds.
-	n := len(rates["interposer"])
+	n := wholeRounds(rates, setups[len(setups)-1].name)
 	if n == 0 {
 		return
-	}
-	for k := range rates {
-		rates[k] = rates[k][:n]
 	}
 	plain, with, probed := mean(rates["plain"]), mean(rates["interposer"]), mean(rates["probes"])
 	r.Bench("training_images_per_sec_plain", plain, "images/s")
@@ -224,6 +220,17 @@ rounds:
 		r.Pass("training throughput", "%s", detail)
 	}
 	progs.report(r)
+}
+
+// wholeRounds cuts rates to the rounds every setup ran, so every mean is
+// over the same rounds (a round is whole once its last setup ran), and
+// returns how many there are.
+func wholeRounds(rates map[string][]float64, last string) int {
+	n := len(rates[last])
+	for k := range rates {
+		rates[k] = rates[k][:min(n, len(rates[k]))]
+	}
+	return n
 }
 
 // trainRun trains once with env and returns the rate it printed; ready,

@@ -77,3 +77,20 @@ func TestOverheadPart(t *testing.T) {
 		t.Errorf("the report does not name the programs that did not run:\n%s", report)
 	}
 }
+
+// A round cut short by the part's time leaves the earlier setups one run
+// ahead of the last: the means must be over the whole rounds alone.
+func TestWholeRounds(t *testing.T) {
+	rates := map[string][]float64{"plain": {1, 2, 3}, "interposer": {4, 5, 6}, "probes": {7, 8}}
+	if n := wholeRounds(rates, "probes"); n != 2 {
+		t.Fatalf("whole rounds: %d, want 2", n)
+	}
+	for k, v := range rates {
+		if len(v) != 2 {
+			t.Errorf("%s keeps %d runs, want 2: %v", k, len(v), v)
+		}
+	}
+	if n := wholeRounds(map[string][]float64{"plain": {1}}, "probes"); n != 0 {
+		t.Errorf("no run of the last setup: %d whole rounds, want 0", n)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -222,6 +223,7 @@ func checkShares(ctx context.Context, e *env, r *Result) {
 		r.Fail("agent", "%v", err)
 		return
 	}
+	defer a.keepLog(filepath.Join(e.o.Out, "shares-agent.log"))
 	defer a.stopFor(r)
 	tm := e.shareTiming()
 	solo := map[string]float64{}
@@ -311,6 +313,7 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row sha
 	r.Bench(p+"_within_goal", float64(btoi(math.Abs(mean/row.target-1) <= 0.02)), "bool")
 	r.Bench(p+"_device_within_budget", float64(btoi(math.Abs(devMean/row.target-1) <= 0.05)), "bool")
 	r.Bench(p+"_device_within_goal", float64(btoi(math.Abs(devMean/row.target-1) <= 0.02)), "bool")
+	judged(a, row.name, cgs[:], r)
 	r.Expect(math.Abs(mean/row.target-1) <= tolerance, row.name,
 		"weights %d:%d: %.1f and %.1f images/s, ratio %.3f mean of %s (sd %.3f; target %.3f); by device time %.3f (sd %.3f)",
 		row.wa, row.wb, ra, rb, mean, joinFloats(ratios), sd, row.target, devMean, devSD)
@@ -356,6 +359,28 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row sha
 	r.Bench(p+"_b_solo_over_share", overB, "ratio")
 	r.Expect(overA > 1 && overB > 1, row.name+" alone", "one container alone: %.1f images/s, %.2fx container a's share "+
 		"of the pair's %.1f and %.2fx b's; the pair's sum is %.3f of solo", s, overA, total, overB, total/s)
+}
+
+// judged checks that the agent holds none of a row's containers in breach:
+// both train honestly under the interposer, so a breach is the judge wrong
+// about what the driver shows (a context larger than nvml.contextMemory
+// read as memory beyond the ledger, say), which onBreach would act on.
+func judged(a *agent, name string, cgs []*cgroup, r *Result) {
+	var seen []string
+	for i, cg := range cgs {
+		c, err := a.container(cg)
+		switch {
+		case err != nil:
+			seen = append(seen, fmt.Sprintf("container %c: %v", 'a'+i, err))
+		case len(c.Breaches) > 0:
+			seen = append(seen, fmt.Sprintf("container %c in breach: %+v", 'a'+i, c.Breaches))
+		}
+	}
+	if len(seen) > 0 {
+		r.Fail(name+" judged", "%s", strings.Join(seen, "; "))
+		return
+	}
+	r.Pass(name+" judged", "the agent holds neither container in breach")
 }
 
 // rate is one trainer's images/s and device ms per s over a window.
