@@ -102,7 +102,7 @@ func TestNVMLSampledUtilization(t *testing.T) {
 }
 
 // Under SIMGPU_MODEL=h200 the engine time-slices between contexts as a GPU
-// does: a kernel longer than a slice (1024 µs) is preempted when another
+// does: a kernel longer than a slice (2.09 ms) is preempted when another
 // process waits, so a process syncing on short kernels beside one running
 // 20 ms kernels waits about a slice for each, not a whole 20 ms kernel.
 func TestModelPreemptsLongKernels(t *testing.T) {

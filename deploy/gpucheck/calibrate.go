@@ -16,8 +16,8 @@ import (
 // The h200 model's built-in values (simgpu/models/h200.profile): in
 // simulation mode the calibration must measure them back.
 const (
-	simNVMLPeriodUs = 166667
-	simTimeSliceNs  = 1024000
+	simNVMLPeriodUs = 200248
+	simTimeSliceNs  = 2091008
 )
 
 // profileKey is one line the calibration writes. simgpu reads the keys it

@@ -106,18 +106,17 @@ static int env_int(const char *name, int def, int lo, int hi) {
 }
 
 /* The h200 model's built-in values, as simgpu/models/h200.profile lists
- * them. NVIDIA documents the NVML sample period as 1/6 s to 1 s, depending
- * on the product, and a default time slice between contexts of 1024 us
- * (Volta and later). */
-#define SG_H200_NVML_PERIOD_US 166667ull
-#define SG_H200_TIMESLICE_NS 1024000ull
-/* A launch's host time on the H200 of docs/gpu-check (2026-11-30, driver
- * 580.159.04): 704 ns into a capturing stream, 3205 ns executed. What it
- * leaves pending (a graph node or pushbuffer entries, a doorbell) is two
- * cold lines and 128 bytes of non-temporal stores: with these a locked add
- * right after a launch waited +169 ns, against +153 ns on that H200. */
-#define SG_H200_LAUNCH_CAPTURE_NS 704ull
-#define SG_H200_LAUNCH_EXEC_NS 3205ull
+ * them with their sources: the NVML sample period (200 ms), the time slice
+ * between contexts (2.09 ms) and a launch's host time (604 ns into a
+ * capturing stream, 3275 ns executed), measured on an H200 with driver
+ * 580.159.04 by the GPU check (2026-12-04). What a launch leaves pending (a
+ * graph node or pushbuffer entries, a doorbell) is two cold lines and 128
+ * bytes of non-temporal stores: a locked add right after a launch waits for
+ * them, a penalty the profile says the H200 no longer shows. */
+#define SG_H200_NVML_PERIOD_US 200248ull
+#define SG_H200_TIMESLICE_NS 2091008ull
+#define SG_H200_LAUNCH_CAPTURE_NS 604ull
+#define SG_H200_LAUNCH_EXEC_NS 3275ull
 #define SG_H200_LAUNCH_COLD_LINES 2ull
 #define SG_H200_LAUNCH_NT_BYTES 128ull
 

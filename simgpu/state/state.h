@@ -99,7 +99,7 @@ struct sg_state {
 /* What simgpu models, from the environment of the process that loads it:
  * SIMGPU_MODEL unset (or empty) is exact; "h200" is an H200 on NVIDIA's
  * driver, whose NVML per-process utilization is a sample stream with period
- * SIMGPU_NVML_SAMPLE_MS (default 1/6 s) and whose engine time-slices
+ * SIMGPU_NVML_SAMPLE_MS (default the profile's, 200 ms) and whose engine time-slices
  * between contexts, preempting kernels. SIMGPU_PROFILE names a file of
  * "key = value" lines that override the h200 model's values (the built-in
  * ones are simgpu/models/h200.profile); SIMGPU_NVML_SAMPLE_MS overrides
