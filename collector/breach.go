@@ -48,8 +48,8 @@ const (
 	// sustain is how long a comparison must fail before it is a breach, so
 	// two reads a few microseconds apart never make one.
 	sustain = 2 * time.Second
-	// bypassSustain makes a bypass wait for the next view (views are a
-	// second apart): a view reads the ledgers, then eBPF, and a starting
+	// bypassSustain makes a bypass wait for the next view (a second or
+	// more later: see Deciding): a view reads the ledgers, then eBPF, and a starting
 	// process opens its ledger before cuInit but claims the slot that
 	// vouches for it only after, so one view can read its ledger unvouched
 	// and then see its first context. The next view reads both settled.
@@ -76,6 +76,7 @@ type judge struct {
 	launches map[string]ledgerMarks // by ledger directory
 	rewinds  map[Key]uint64         // the enforcer's count, as last seen
 	shares   map[Key]*shareMean     // NVML's share, averaged
+	at       time.Time              // of the last judgement
 }
 
 // shareMean is a container's NVML share averaged over about shareWindow
@@ -122,6 +123,7 @@ type gpuProc struct {
 // judgeAll sets every entry's breaches and Unenforced.
 func (j *joiner) judgeAll(ledgers map[uint64]*ledger, rejected []*ledger, now time.Time) {
 	jd := &j.c.judge
+	jd.at = now
 	accused := j.judgeRefused(rejected)
 	seen := map[Key]bool{}
 	j.meanShare = map[Key]float64{}
@@ -368,6 +370,19 @@ func pidsOf(ps []agentapi.Process) []int {
 		out[i] = p.PID
 	}
 	return out
+}
+
+// deciding says whether evidence the last judgement saw has not yet held
+// for its sustainOf: a later view makes it a breach or drops it.
+func (jd *judge) deciding() bool {
+	for _, f := range jd.since {
+		for reason, first := range f {
+			if jd.at.Sub(first) < sustainOf(reason) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // timing says whether a comparison is failing but not yet long enough to be

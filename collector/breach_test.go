@@ -221,6 +221,9 @@ func TestStartingContainerIsNoBypass(t *testing.T) {
 	if len(first[starting]) != 0 || len(first[bypass]) != 0 {
 		t.Fatalf("one view's reading is a breach: %v", first)
 	}
+	if !c.Deciding() {
+		t.Error("a view that leaves two bypasses to decide does not say so: the enforcer would look again only at its own pace")
+	}
 	vouched := &ledger{dir: "starting", usage: &controlblock.UsageSnapshot{CgroupID: starting.Cgroup, NDev: 1}}
 	second := view(t0.Add(time.Second), map[uint64]*ledger{starting.Cgroup: vouched})
 	if len(second[starting]) != 0 {
@@ -228,5 +231,8 @@ func TestStartingContainerIsNoBypass(t *testing.T) {
 	}
 	if !reasonsOf(second[bypass])[BreachBypass] {
 		t.Errorf("a cgroup active without a ledger in two views is no bypass: %v", second[bypass])
+	}
+	if c.Deciding() {
+		t.Error("a view whose breaches are all decided still asks for a second look")
 	}
 }

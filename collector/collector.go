@@ -115,6 +115,16 @@ func (c *Collector) View(ctx context.Context) *View {
 	return c.last
 }
 
+// Deciding says whether the last view left evidence that a later view
+// turns into a breach or drops (a bypass awaiting its second sight, a
+// comparison its sustain): whoever acts on breaches looks again a second
+// later rather than at its own pace. A breach already decided is not.
+func (c *Collector) Deciding() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.judge.deciding()
+}
+
 // build reads the sources and joins them into a view, unless they read as
 // they did for the last view, which showed nothing moving, joined less than
 // rejoinEvery ago: then it is that view again, as of now.
