@@ -117,6 +117,7 @@ func demo(listen string, every time.Duration, stop <-chan os.Signal, deadline <-
 	}
 
 	time.Sleep(3 * time.Second) // let the agent see a few seconds of work
+	waitJudged(addr, containers, 10*time.Second)
 	fmt.Fprintln(out)
 	if err := relay(out, exec.Command(filepath.Join(m.Bin, "gpuwarden"), "smi", "--agent", addr)); err != nil {
 		return err
@@ -223,6 +224,26 @@ func readDemoLaunches(addr string) demoLaunches {
 		d.byName[c.Container] = c
 	}
 	return d
+}
+
+// waitJudged waits, at most for limit, until the agent holds the demo's
+// bypass in breach: a bypass is one once a second view sees it, so the
+// first table shows what the agent decided.
+func waitJudged(addr string, cs []*demoContainer, limit time.Duration) {
+	for end := time.Now().Add(limit); time.Now().Before(end); time.Sleep(250 * time.Millisecond) {
+		d := readDemoLaunches(addr)
+		judged := true
+		for _, c := range cs {
+			if c.rel == "" {
+				continue // no cgroup of its own (not root): the agent cannot tell it apart
+			}
+			e, ok := d.byName[c.rel]
+			judged = judged && ok && (c.env != nil || len(e.Breaches) > 0)
+		}
+		if judged {
+			return
+		}
+	}
 }
 
 // printShares prints a table like cGPU's: each container's rate in images/s
