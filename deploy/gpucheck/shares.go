@@ -280,13 +280,17 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row sha
 	}
 	time.Sleep(tm.settle)
 	p := "shares_" + row.name
-	var ratios, devRatios, sumA, sumB []float64
+	var ratios, devRatios, agentRatios, sumA, sumB []float64
+	smp := sampleScheduled(a, cgs[:])
+	defer smp.stop()
 	for run := 1; run <= tm.runs; run++ {
+		from := time.Now()
 		m, err := measure(ctx, ts[:], tm.window)
 		if err != nil {
 			r.Fail(row.name, "run %d: %v", run, err)
 			return
 		}
+		agentRatios = append(agentRatios, smp.ratio(from, time.Now()))
 		ratio := m[1].images / math.Max(m[0].images, 1e-9)
 		dev := m[1].device / math.Max(m[0].device, 1e-9)
 		ratios, devRatios = append(ratios, ratio), append(devRatios, dev)
@@ -296,7 +300,9 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row sha
 		r.Bench(q+"b_images_per_sec", m[1].images, "images/s")
 		r.Bench(q+"ratio", ratio, "ratio")
 		r.Bench(q+"device_ratio", dev, "ratio")
+		r.Bench(q+"agent_ratio", agentRatios[run-1], "ratio")
 	}
+	smp.stop()
 	ra, rb := meanOf(sumA), meanOf(sumB)
 	mean, sd := meanOf(ratios), sdOf(ratios)
 	devMean, devSD := meanOf(devRatios), sdOf(devRatios)
@@ -308,6 +314,7 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row sha
 	r.Bench(p+"_ratio_max", slices.Max(ratios), "ratio")
 	r.Bench(p+"_device_ratio", devMean, "ratio")
 	r.Bench(p+"_device_ratio_sd", devSD, "ratio")
+	r.Bench(p+"_agent_ratio", meanOf(agentRatios), "ratio")
 	r.Bench(p+"_target_ratio", row.target, "ratio")
 	r.Bench(p+"_within_budget", float64(btoi(math.Abs(mean/row.target-1) <= 0.05)), "bool")
 	r.Bench(p+"_within_goal", float64(btoi(math.Abs(mean/row.target-1) <= 0.02)), "bool")
@@ -315,8 +322,8 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row sha
 	r.Bench(p+"_device_within_goal", float64(btoi(math.Abs(devMean/row.target-1) <= 0.02)), "bool")
 	judged(a, row.name, cgs[:], r)
 	r.Expect(math.Abs(mean/row.target-1) <= tolerance, row.name,
-		"weights %d:%d: %.1f and %.1f images/s, ratio %.3f mean of %s (sd %.3f; target %.3f); by device time %.3f (sd %.3f)",
-		row.wa, row.wb, ra, rb, mean, joinFloats(ratios), sd, row.target, devMean, devSD)
+		"weights %d:%d: %.1f and %.1f images/s, ratio %.3f mean of %s (sd %.3f; target %.3f); by device time %.3f (sd %.3f); by the agent's clock %s",
+		row.wa, row.wb, ra, rb, mean, joinFloats(ratios), sd, row.target, devMean, devSD, joinFloats(agentRatios))
 
 	if row.solo {
 		// b alone from here, once the agent no longer holds a's container
@@ -381,6 +388,65 @@ func judged(a *agent, name string, cgs []*cgroup, r *Result) {
 		return
 	}
 	r.Pass(name+" judged", "the agent holds neither container in breach")
+}
+
+// scheduled is what the agent's scheduler measured each of a row's
+// containers take at one instant (ScheduledShare: its own clock).
+type scheduled struct {
+	at    time.Time
+	share [2]float64
+}
+
+// sampler reads a row's containers' ScheduledShare from the agent every
+// half second, so each window has the agent's own ratio beside images/s.
+type sampler struct {
+	mu       sync.Mutex
+	samples  []scheduled
+	done     chan struct{}
+	finished chan struct{}
+	stop     func()
+}
+
+func sampleScheduled(a *agent, cgs []*cgroup) *sampler {
+	s := &sampler{done: make(chan struct{}), finished: make(chan struct{})}
+	s.stop = sync.OnceFunc(func() { close(s.done); <-s.finished })
+	go func() {
+		defer close(s.finished)
+		t := time.NewTicker(500 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-s.done:
+				return
+			case now := <-t.C:
+				x, ok := scheduled{at: now}, true
+				for i, cg := range cgs {
+					c, err := a.container(cg)
+					ok = ok && err == nil
+					x.share[i] = c.ScheduledShare
+				}
+				if ok {
+					s.mu.Lock()
+					s.samples = append(s.samples, x)
+					s.mu.Unlock()
+				}
+			}
+		}
+	}()
+	return s
+}
+
+// ratio is b's mean share over a's among the samples taken from from to to.
+func (s *sampler) ratio(from, to time.Time) float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var a, b float64
+	for _, x := range s.samples {
+		if !x.at.Before(from) && !x.at.After(to) {
+			a, b = a+x.share[0], b+x.share[1]
+		}
+	}
+	return b / math.Max(a, 1e-9)
 }
 
 // rate is one trainer's images/s and device ms per s over a window.

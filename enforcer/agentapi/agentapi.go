@@ -67,8 +67,13 @@ type ContainerDevice struct {
 	// wrong about a launch's device: a context made current behind them.
 	// Container-wide, on the entry of its first GPU.
 	DeviceMismatches uint64  `json:"deviceMismatches"`
-	ComputeShare     float64 `json:"computeShare"` // 0-1, measured
+	ComputeShare     float64 `json:"computeShare"` // 0-1, measured by NVML
 	ComputeLimit     float64 `json:"computeLimit"` // 0-1 target; 0: none
+	// ScheduledShare is the share the scheduler measured the container
+	// take over about the last second, 0-1: on the agent's own clock (each
+	// slice from its start until its work ran) where its launches are
+	// gated. NVML's ComputeShare judges it.
+	ScheduledShare float64 `json:"scheduledShare"`
 
 	PIDs []int `json:"pids"`
 }

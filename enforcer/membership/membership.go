@@ -399,6 +399,10 @@ type Scheduled struct {
 	// Rewinds counts the times the scheduler (which reads launch tickets
 	// every few milliseconds) saw its ledger's tickets go back.
 	Rewinds uint64
+	// Achieved is the share of the device the scheduler measured it take
+	// over about the last second: on the agent's own clock where its
+	// launches are gated (each slice from its start until its work ran).
+	Achieved float64
 }
 
 // Scheduling gives what the scheduler holds each container to, per device:
@@ -417,7 +421,7 @@ func (e *Members) Scheduling() map[GPUKey]Scheduled {
 			s.Target = st.Target
 		}
 		s.Held = st.Gated && st.Policy != policy.Soft && !st.High && st.Target > 0 && st.Target < 1
-		s.Rewinds = st.Rewinds
+		s.Rewinds, s.Achieved = st.Rewinds, st.Achieved
 		out[GPUKey{Cgroup: cg, UUID: st.GPU}] = s
 	}
 	return out

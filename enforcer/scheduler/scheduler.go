@@ -133,7 +133,7 @@ type Status struct {
 	CapPercent       int
 	High             bool
 	Target           float64 // share it is held to (gpuwarden_container_compute_limit_ratio)
-	Achieved         float64 // measured share over about the last second (gpuwarden_container_compute_share_ratio)
+	Achieved         float64 // measured share over about the last second: the clock's charge where gated, else Source's
 	ThrottledSeconds float64 // time its launches waited at the gate, all processes, ever (monotonic)
 	Launches         uint64  // gate tickets taken on the device
 	CostNs           float64 // estimated device time per ticket
