@@ -240,7 +240,8 @@ func checkShares(ctx context.Context, e *env, r *Result) {
 	}
 	r.Note("Each row: both containers warm up; their ratio is measured in %d back-to-back windows of %s (mean and spread below), "+
 		"then one container alone for %s (its solo rate; the fixed row uses the weighted row's at the same batch). "+
-		"The ratio is judged twice: by images/s, and by device time, each step's span between CUDA events recorded before and after it. "+
+		"The ratio is judged twice: by images/s, and by device time, each step's span between CUDA events recorded before and after it; "+
+		"the agent's own ratio, its scheduler's measured shares over each window, is reported beside them. "+
 		"A row passes when its mean images/s ratio is within %.0f%% of its target here; the budget (5%%, goal 2%%) is the `_within_budget` figures.",
 		tm.runs, tm.window, tm.solo, tolerance*100)
 	r.Note("A step's span between its events includes any time the GPU gave the other container inside the step, so the device-time ratio " +
