@@ -146,8 +146,8 @@ func TestEndToEnd(t *testing.T) {
 		t.Errorf("the breach pod's quota used ratio: %+v %v, want 940/1024", r, err)
 	}
 
-	// The trainer's target and achieved share, as the node and pod
-	// dashboards show them.
+	// The trainer's target, achieved and scheduled shares, as the node and
+	// pod dashboards show them.
 	simtest.Eventually(t, 10*time.Second, func() error {
 		target, err := prom.query(fmt.Sprintf(`gpuwarden_container_compute_limit_ratio{pod=%q}`, trainerUID))
 		if err != nil || len(target) != 1 || target[0].value != 0.5 {
@@ -156,6 +156,10 @@ func TestEndToEnd(t *testing.T) {
 		share, err := prom.query(fmt.Sprintf(`max_over_time(gpuwarden_container_compute_share_ratio{pod=%q}[1m]) > 0`, trainerUID))
 		if err != nil || len(share) != 1 {
 			return fmt.Errorf("the trainer's achieved share is never above 0: %+v %v", share, err)
+		}
+		scheduled, err := prom.query(fmt.Sprintf(`max_over_time(gpuwarden_container_scheduled_share_ratio{pod=%q}[1m]) > 0`, trainerUID))
+		if err != nil || len(scheduled) != 1 {
+			return fmt.Errorf("the trainer's share on the scheduler's clock is never above 0: %+v %v", scheduled, err)
 		}
 		return nil
 	})

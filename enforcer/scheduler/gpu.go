@@ -394,8 +394,8 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 			charge = 0
 		}
 		charge += m.clockDue
-		if dt > 0 {
-			m.achieved += (min(m.clockDue/dt, 1) - m.achieved) * alpha
+		if dt > 0 { // what it pays for, in and out of slices
+			m.achieved += (min(charge/dt, 1) - m.achieved) * alpha
 		}
 		m.clockDue = 0
 		hi := slice

@@ -254,12 +254,17 @@ func TestFixed(t *testing.T) {
 	within(t, "b/a", s["b"]/s["a"], 1.5, 3.6)
 }
 
-// TestCap: a 30% cap holds a container that is alone on the device.
+// TestCap: a 30% cap holds a container that is alone on the device, and
+// the share the scheduler reports measuring is what it charged (alone, it
+// pays for its tickets outside any slice).
 func TestCap(t *testing.T) {
 	r := start(t, scheduler.GPUSettings{})
 	spawn(t, r, named(claims("GPUWARDEN_COMPUTE_LIMIT=30"), "a", busyWork(4)))
 	s := shares(t, r, time.Second, 2500*time.Millisecond)
 	within(t, "a", s["a"], 0.1, 0.38)
+	for _, st := range r.Sched.Status() {
+		within(t, st.Key+" achieved", st.Achieved, 0.1, 0.45)
+	}
 }
 
 // TestSoftBorrows: under soft a busy container uses what a host-bound
