@@ -49,10 +49,11 @@ const (
 	// two reads a few microseconds apart never make one.
 	sustain = 2 * time.Second
 	// bypassSustain makes a bypass wait for the next view (a second or
-	// more later: see Deciding): a view reads the ledgers, then eBPF, and a starting
-	// process opens its ledger before cuInit but claims the slot that
-	// vouches for it only after, so one view can read its ledger unvouched
-	// and then see its first context. The next view reads both settled.
+	// more later: see Deciding): a view reads the ledgers, then eBPF, and a
+	// starting process opens its ledger before cuInit but claims the slot
+	// that vouches for it only after, so one view can read its ledger
+	// unvouched and then see its first context. The next view reads both
+	// settled.
 	bypassSustain = 200 * time.Millisecond
 	// remember keeps an instant breach (a counter that went back) reported
 	// for this long, so alerts and scrapes see it.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -102,16 +103,30 @@ func checkProbes(ctx context.Context, e *env, r *Result) {
 
 // container is the agent's view of the container in cg.
 func (a *agent) container(cg *cgroup) (agentapi.ContainerDevice, error) {
+	cs, errs, err := a.containers([]*cgroup{cg})
+	if err == nil {
+		err = errs[0]
+	}
+	return cs[0], err
+}
+
+// containers is the agent's view of the containers in cgs, from one read
+// of its API: each one's, or why it is not listed.
+func (a *agent) containers(cgs []*cgroup) ([]agentapi.ContainerDevice, []error, error) {
+	out, errs := make([]agentapi.ContainerDevice, len(cgs)), make([]error, len(cgs))
 	var resp agentapi.ContainersResponse
 	if err := a.get("/api/v1/containers", &resp); err != nil {
-		return agentapi.ContainerDevice{}, err
+		return out, errs, err
 	}
-	for _, c := range resp.Containers {
-		if c.CgroupPath == cg.rel {
-			return c, nil
+	for i, cg := range cgs {
+		j := slices.IndexFunc(resp.Containers, func(c agentapi.ContainerDevice) bool { return c.CgroupPath == cg.rel })
+		if j < 0 {
+			errs[i] = fmt.Errorf("the agent does not list %s", cg.rel)
+			continue
 		}
+		out[i] = resp.Containers[j]
 	}
-	return agentapi.ContainerDevice{}, fmt.Errorf("the agent does not list %s", cg.rel)
+	return out, errs, nil
 }
 
 // errText explains a wait that ran out, with the end of the agent's log.

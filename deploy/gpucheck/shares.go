@@ -2,6 +2,7 @@ package gpucheck
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -374,13 +375,16 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row sha
 // about what the driver shows (a context larger than nvml.contextMemory
 // read as memory beyond the ledger, say), which onBreach would act on.
 func judged(a *agent, name string, cgs []*cgroup, r *Result) {
+	cs, errs, err := a.containers(cgs)
+	if err != nil {
+		r.Fail(name+" judged", "%v", err)
+		return
+	}
 	var seen []string
-	for i, cg := range cgs {
-		c, err := a.container(cg)
-		switch {
-		case err != nil:
-			seen = append(seen, fmt.Sprintf("container %c: %v", 'a'+i, err))
-		case len(c.Breaches) > 0:
+	for i, c := range cs {
+		if errs[i] != nil {
+			seen = append(seen, fmt.Sprintf("container %c: %v", 'a'+i, errs[i]))
+		} else if len(c.Breaches) > 0 {
 			seen = append(seen, fmt.Sprintf("container %c in breach: %+v", 'a'+i, c.Breaches))
 		}
 	}
@@ -420,13 +424,12 @@ func sampleScheduled(a *agent, cgs []*cgroup) *sampler {
 			case <-s.done:
 				return
 			case now := <-t.C:
-				x, ok := scheduled{at: now}, true
-				for i, cg := range cgs {
-					c, err := a.container(cg)
-					ok = ok && err == nil
+				x := scheduled{at: now}
+				cs, errs, err := a.containers(cgs)
+				for i, c := range cs {
 					x.share[i] = c.ScheduledShare
 				}
-				if ok {
+				if err == nil && errors.Join(errs...) == nil {
 					s.mu.Lock()
 					s.samples = append(s.samples, x)
 					s.mu.Unlock()
