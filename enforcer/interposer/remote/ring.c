@@ -22,6 +22,27 @@ static void map(struct gwr_ring *r, void *p) {
     r->polled = 0;
 }
 
+/* touch writes a zero into every page of the slots this side fills (from
+ * first) and reads every page of the others'. A process's first access to
+ * a page of shared memory costs a fault, and under a hypervisor that shadows
+ * page tables a second one the guest never sees (9 us a page on one virtual
+ * machine: 0.6 ms a slot, a third of a 64 MiB copy's time when a copy was
+ * the first through the slots); paid here, once a session, a copy finds
+ * the pages mapped. Each side writes only slots the other does not read
+ * yet. */
+static void touch(struct gwr_ring *r, uint32_t first) {
+    for (uint32_t slot = 0; slot < GWR_RING_SLOTS; slot++) {
+        volatile uint8_t *p = gwr_ring_slot(r, slot);
+        int fills = slot >= first && slot < first + GWR_RING_SLOTS / 2;
+        for (size_t off = 0; off < GWR_RING_SLOT_BYTES; off += 4096) {
+            if (fills)
+                p[off] = 0;
+            else
+                (void)p[off];
+        }
+    }
+}
+
 int gwr_ring_create(struct gwr_ring *r) {
     int fd = memfd_create("gpuwarden-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) return -1;
@@ -33,6 +54,7 @@ int gwr_ring_create(struct gwr_ring *r) {
         return -1;
     }
     map(r, p);
+    touch(r, GWR_RING_HTOD);
     r->hdr->client_polls = GWR_RING_POLL;
     return fd;
 }
@@ -46,6 +68,7 @@ int gwr_ring_map(struct gwr_ring *r, int fd) {
     void *p = mmap(NULL, GWR_RING_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) return -1;
     map(r, p);
+    touch(r, GWR_RING_DTOH);
     r->polled = r->hdr->client_polls == GWR_RING_POLL; /* the worker says whether it takes it */
     return 0;
 }
