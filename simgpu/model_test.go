@@ -3,6 +3,7 @@ package simgpu_test
 import (
 	"os/exec"
 	"regexp"
+	"runtime"
 	"strconv"
 	"sync"
 	"testing"
@@ -144,6 +145,44 @@ func shortBesideLong(t *testing.T, env ...string) float64 {
 	}
 	v, _ := strconv.ParseFloat(mm[1], 64)
 	return v
+}
+
+// Under SIMGPU_MODEL=h200 a synchronize polls, as NVIDIA's driver does by
+// default (CU_CTX_SCHED_AUTO with fewer contexts than cores: spin), so the
+// waiting thread does not sleep; a context made with
+// CU_CTX_SCHED_BLOCKING_SYNC sleeps, and so does every synchronize without
+// the model. gw-remote's wait mode prints, for each of five synchronizes of a
+// 5 ms kernel, the waiting thread's voluntary context switches.
+func TestSynchronizePollsUnderH200(t *testing.T) {
+	prog := simtest.Bin(t, "interposer/gw-remote")
+	for _, c := range []struct {
+		model, flags string
+		polls        bool
+	}{{"h200", "0", runtime.NumCPU() > 1}, {"h200", "4", false}, {"", "0", false}} {
+		m := simtest.NewMachine(t, 1, "1Gi")
+		cmd := m.Command(prog, "wait", c.flags, "5")
+		cmd.Env = append(cmd.Env, "SIMGPU_MODEL="+c.model)
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			t.Fatalf("model %q, flags %s: %v\n%s", c.model, c.flags, err, out)
+		}
+		waits := regexp.MustCompile(`sleeps (\d+)`).FindAllStringSubmatch(string(out), -1)
+		if len(waits) != 5 {
+			t.Fatalf("model %q, flags %s: want five waits in %q", c.model, c.flags, out)
+		}
+		slept := 0
+		for _, w := range waits {
+			if w[1] != "0" {
+				slept++
+			}
+		}
+		// One wait may sleep where the host stalled the engine's thread
+		// past the poll's limit; a sleeping wait always sleeps.
+		if c.polls && slept > 1 || !c.polls && slept < 5 {
+			t.Errorf("model %q, flags %s: %d of 5 synchronizes slept, want %s (%q)", c.model, c.flags, slept,
+				map[bool]string{true: "at most 1", false: "all"}[c.polls], out)
+		}
+	}
 }
 
 // Kernels run in device time: back to back, whatever the host does. A

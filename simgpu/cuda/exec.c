@@ -155,12 +155,51 @@ CUresult sg_stream_push(struct CUstream_st *st, struct sg_op op) {
     return CUDA_SUCCESS;
 }
 
+/* How a synchronize waits under the h200 model: as NVIDIA's driver does by
+ * default (CU_CTX_SCHED_AUTO with fewer contexts than cores: spin), it
+ * polls, so it returns as the work ends rather than a wake-up later (tens
+ * of microseconds on a virtual machine: a tenth of a step of eight 20 us
+ * kernels). CU_CTX_SCHED_YIELD gives the core away between polls from the
+ * start; CU_CTX_SCHED_BLOCKING_SYNC sleeps, as on the GPU. simgpu's engine
+ * runs on the host's cores, so the machine's pollers leave it one
+ * (sg_sync_poll_begin), and a poll still waiting after SG_SYNC_POLL_NS
+ * sleeps: one core given to a long wait starves the agent on a small
+ * machine. Without a model, a synchronize sleeps. */
+#define SG_SYNC_SPIN_NS 30000
+#define SG_SYNC_POLL_NS 20000000
+
+/* poll_until polls for done(st, arg) as above: 1 once it holds, 0 when the
+ * caller must sleep for it. */
+static int poll_until(struct CUstream_st *st, int (*done)(struct CUstream_st *, const void *), const void *arg) {
+    unsigned sched = atomic_load(&st->ctx->flags) & CU_CTX_SCHED_MASK;
+    if (!sg_model.h200 || sched == CU_CTX_SCHED_BLOCKING_SYNC) return 0;
+    if (done(st, arg)) return 1;
+    struct sg_state *s = sg_state_get();
+    if (!s || !sg_sync_poll_begin(s)) return 0;
+    int ok = 0;
+    for (uint64_t start = sg_now_ns();;) {
+        if ((ok = done(st, arg))) break;
+        uint64_t waited = sg_now_ns() - start;
+        if (waited > SG_SYNC_POLL_NS) break;
+        if (sched == CU_CTX_SCHED_YIELD || waited > SG_SYNC_SPIN_NS)
+            sched_yield();
+        else
+            __builtin_ia32_pause();
+    }
+    sg_sync_poll_end(s);
+    return ok;
+}
+
 CUresult sg_stream_sync(struct CUstream_st *st) {
     pthread_mutex_lock(&st->mu);
     int capturing = st->capturing;
-    if (!capturing) sleep_until(st, drained, NULL);
     pthread_mutex_unlock(&st->mu);
-    return capturing ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+    if (capturing) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    if (poll_until(st, drained, NULL)) return CUDA_SUCCESS;
+    pthread_mutex_lock(&st->mu);
+    sleep_until(st, drained, NULL);
+    pthread_mutex_unlock(&st->mu);
+    return CUDA_SUCCESS;
 }
 
 SG_EXPORT CUresult cuStreamCreate(CUstream *phStream, unsigned int Flags) {
@@ -256,6 +295,7 @@ SG_EXPORT CUresult cuEventSynchronize(CUevent hEvent) {
     struct CUstream_st *st = hEvent->stream;
     if (!st) return CUDA_SUCCESS; /* never recorded: nothing to wait for */
     struct event_wait w = {hEvent, atomic_load(&hEvent->recorded)};
+    if (poll_until(st, event_reached, &w)) return CUDA_SUCCESS;
     pthread_mutex_lock(&st->mu);
     sleep_until(st, event_reached, &w);
     pthread_mutex_unlock(&st->mu);

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <stddef.h>
 #include <linux/futex.h>
@@ -314,6 +315,8 @@ static void release_slot(struct sg_state *s, struct sg_proc *p) {
         uint32_t w = atomic_exchange(&p->exec_waiting[d], 0);
         if (w) atomic_fetch_sub(&s->dev[d].exec_waiters, w);
     }
+    uint32_t polling = atomic_exchange(&p->sync_polling, 0); /* killed while it polled */
+    if (polling) atomic_fetch_sub(&s->sync_pollers, polling);
     atomic_store(&p->state, SG_PROC_FREE);
 }
 
@@ -327,6 +330,37 @@ void sg_reap_dead(struct sg_state *s) {
         if (sg_proc_alive(p)) continue;
         if (atomic_compare_exchange_strong(&p->state, &live, SG_PROC_REAPING)) release_slot(s, p);
     }
+}
+
+/* The cores this process may run on: the engine's kernels are threads too,
+ * and need one of them. */
+static uint32_t poll_cores(void) {
+    static _Atomic uint32_t cores;
+    uint32_t n = atomic_load(&cores);
+    if (!n) {
+        cpu_set_t set;
+        n = sched_getaffinity(0, sizeof set, &set) == 0 ? (uint32_t)CPU_COUNT(&set) : 1;
+        atomic_store(&cores, n ? n : 1);
+    }
+    return n;
+}
+
+/* Counted on the machine, then in the process's slot (and uncounted in the
+ * reverse order), as exec_waiters is. */
+int sg_sync_poll_begin(struct sg_state *s) {
+    struct sg_proc *me = sg_proc_self(s);
+    uint32_t most = poll_cores() - 1, n = atomic_load(&s->sync_pollers);
+    do {
+        if (!me || n >= most) return 0;
+    } while (!atomic_compare_exchange_weak(&s->sync_pollers, &n, n + 1));
+    atomic_fetch_add(&me->sync_polling, 1);
+    return 1;
+}
+
+void sg_sync_poll_end(struct sg_state *s) {
+    struct sg_proc *me = sg_proc_self(s);
+    if (me) atomic_fetch_sub(&me->sync_polling, 1);
+    atomic_fetch_sub(&s->sync_pollers, 1);
 }
 
 /* This process's slot. A forked child starts with none (the atfork handler
@@ -356,6 +390,7 @@ static struct sg_proc *claim_slot(struct sg_state *s) {
             atomic_store(&p->exec_waiting[d], 0);
             memset(&p->busy[d], 0, sizeof p->busy[d]);
         }
+        atomic_store(&p->sync_polling, 0);
         atomic_store(&p->state, SG_PROC_LIVE);
         return p;
     }

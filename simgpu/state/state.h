@@ -15,7 +15,7 @@
 #include <sys/types.h>
 
 #define SG_MAGIC 0x5347505553544154ull /* "SGPUSTAT" */
-#define SG_VERSION 5
+#define SG_VERSION 6
 #define SG_MAX_DEVICES 8
 #define SG_MAX_PROCS 256
 #define SG_SAMPLES 384                 /* utilization history per process and device: */
@@ -57,6 +57,7 @@ struct sg_proc {
     _Atomic uint64_t mem[SG_MAX_DEVICES];      /* device bytes held, contexts included */
     _Atomic uint32_t contexts[SG_MAX_DEVICES]; /* live contexts per device */
     _Atomic uint32_t exec_waiting[SG_MAX_DEVICES]; /* its threads in sg_device.exec_waiters */
+    _Atomic uint32_t sync_polling;                 /* its threads in sg_state.sync_pollers */
     struct sg_busy busy[SG_MAX_DEVICES];
 };
 
@@ -94,6 +95,7 @@ struct sg_state {
     uint64_t size;               /* sizeof(struct sg_state) when created */
     struct sg_device dev[SG_MAX_DEVICES];
     struct sg_proc procs[SG_MAX_PROCS];
+    _Atomic uint32_t sync_pollers; /* threads polling in a synchronize, all processes (h200 model) */
 };
 
 /* What simgpu models, from the environment of the process that loads it:
@@ -132,6 +134,12 @@ void sg_reap_dead(struct sg_state *s);
 
 /* sg_proc_alive says whether the slot's process still runs (same pid, same start). */
 int sg_proc_alive(const struct sg_proc *p);
+
+/* sg_sync_poll_begin says whether a synchronize may poll (h200 model): it
+ * counts the thread in while fewer than all the cores but one poll, and
+ * returns 0 otherwise. sg_sync_poll_end counts it out. */
+int sg_sync_poll_begin(struct sg_state *s);
+void sg_sync_poll_end(struct sg_state *s);
 
 /* Memory: charge reserves bytes on dev for this process or fails (returns 0)
  * when the device is full; uncharge gives them back. */
