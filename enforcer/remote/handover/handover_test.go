@@ -18,6 +18,8 @@ import (
 	"net"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // pair is a handshaken TLS 1.3 connection over loopback TCP.
@@ -183,5 +185,62 @@ func TestExportRefusesUnreadData(t *testing.T) {
 	}
 	if _, err := Export(c); err != nil {
 		t.Fatalf("once read: %v", err)
+	}
+}
+
+// The agent's held copy of a handed-over socket leaves the session to its
+// other holder (the worker: here a duplicate), answers the kernel's
+// counters, and ends the session for every holder once.
+func TestHeldSocket(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lis.Close()
+	peer, err := net.Dial("tcp", lis.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	accepted, err := lis.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	worker, err := accepted.(*net.TCPConn).File() // the worker's copy
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer worker.Close()
+	held, err := Hold(accepted.(*net.TCPConn))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := accepted.Write([]byte("x")); err == nil {
+		t.Fatal("the agent's own connection still writes after Hold")
+	}
+	if _, err := peer.Write([]byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	b := make([]byte, 5)
+	if _, err := io.ReadFull(worker, b); err != nil || string(b) != "hello" {
+		t.Fatalf("the worker read %q, %v: the session did not go on after Hold", b, err)
+	}
+	var received uint64
+	if err := held.Control(func(fd uintptr) {
+		info, err := unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+		if err == nil {
+			received = info.Bytes_received
+		}
+	}); err != nil || received != 5 {
+		t.Fatalf("the held socket's counters: %d bytes received, %v; want 5", received, err)
+	}
+	held.End()
+	held.End()
+	_ = peer.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := peer.Read(b); err != io.EOF {
+		t.Fatalf("the peer read %d bytes, %v after End; want end of file", n, err)
+	}
+	if err := held.Control(func(uintptr) {}); err == nil {
+		t.Fatal("Control ran on an ended session's socket")
 	}
 }

@@ -93,8 +93,14 @@ type active struct {
 	granted  uint64
 	cgroup   string // path in the cgroup tree
 	sessName string
-	path     string          // session.PathDirect or PathRelayed, once welcomed
-	tcp      syscall.RawConn // its TCP socket (the server's handle); nil on the same node
+	path     string     // session.PathDirect or PathRelayed, once welcomed
+	tcp      controller // its TCP socket (the server's handle); nil on the same node
+}
+
+// controller runs a function on a socket: a syscall.RawConn, or a
+// handed-over session's handover.Held.
+type controller interface {
+	Control(f func(fd uintptr)) error
 }
 
 // Traffic is one running session's bytes so far, as the kernel counts them
@@ -114,7 +120,7 @@ type Traffic struct {
 func (s *Server) Traffic() []Traffic {
 	type counted struct {
 		t   Traffic
-		tcp syscall.RawConn
+		tcp controller
 	}
 	var all []counted
 	s.mu.Lock()
@@ -462,7 +468,7 @@ func (s *Server) session(c *tls.Conn, l *link.Conn, id pki.Identity, req session
 	start := time.Now()
 	switch {
 	case w.Direct:
-		err = s.handOver(c, l, proc)
+		err = s.handOver(c, l, proc, a)
 	case w.Local:
 		err = s.handOverLocal(c, l, proc)
 	default:
@@ -490,10 +496,12 @@ func (s *Server) counted(a *active, c *tls.Conn, direct bool) {
 }
 
 // handOver passes the session's socket and TLS state to its worker and
-// waits for the worker to exit. The server keeps a copy of the socket and
-// the worker's own socket: closing the latter (the server closing, or the
-// agent gone) makes the worker end the session.
-func (s *Server) handOver(c net.Conn, l *link.Conn, p *proc) error {
+// waits for the worker to exit. The server keeps a copy of the socket, out
+// of the runtime's poller (handover.Held), and the worker's own socket:
+// closing the latter (the server closing, or the agent gone) makes the
+// worker end the session. The connection's place under the listener's
+// caps is given back when the session ends.
+func (s *Server) handOver(c net.Conn, l *link.Conn, p *proc, a *active) error {
 	tc, err := l.Detach()
 	if err != nil {
 		return err
@@ -503,16 +511,36 @@ func (s *Server) handOver(c net.Conn, l *link.Conn, p *proc) error {
 		err = handover.Send(p.sock.(*net.UnixConn), st, f)
 		f.Close()
 	}
+	var held *handover.Held
+	if err == nil {
+		held, err = handover.Hold(tcpOf(tc.NetConn()))
+	}
 	if err != nil {
 		handover.End(tc)
 		return err
 	}
-	if !s.keep(c, func() { handover.End(tc); p.sock.Close() }) {
-		handover.End(tc)
+	s.mu.Lock()
+	a.tcp = held
+	s.mu.Unlock()
+	end := func() { held.End(); _ = tc.NetConn().Close() }
+	if !s.keep(c, func() { end(); p.sock.Close() }) {
+		end()
 		return errors.New("the server is shutting down")
 	}
 	<-p.done
-	handover.End(tc)
+	end()
+	return nil
+}
+
+// tcpOf is the TCP connection under an accepted one: itself, or the one a
+// listener's admission record wraps (which keeps its place until closed).
+func tcpOf(c net.Conn) *net.TCPConn {
+	switch t := c.(type) {
+	case *net.TCPConn:
+		return t
+	case *connlimit.Conn:
+		return t.TCPConn
+	}
 	return nil
 }
 
