@@ -2,7 +2,6 @@ package client
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -70,22 +69,22 @@ func (d *Dialer) Attach(ctx context.Context, c *net.UnixConn, req session.Reques
 		}
 		return &Attached{Welcome: w, wait: func() error { return l.Relay(c) }}, nil
 	}
-	tc, err := d.handOver(l, c)
+	held, err := d.handOver(l, c)
 	if err != nil {
 		return nil, err
 	}
 	return &Attached{Welcome: w, Direct: true, wait: func() error {
 		_, _ = io.Copy(io.Discard, c) // the library never writes here: this is its exit
-		_ = tc.NetConn().Close()
+		held.Close()
 		return nil
 	}}, nil
 }
 
 // handOver passes the link's socket and state to the client library; the
-// agent keeps its connection, a copy of the socket, until the program
-// hangs up. Any failure ends the session: the server already handed its
-// end to the worker.
-func (d *Dialer) handOver(l *link.Conn, c *net.UnixConn) (*tls.Conn, error) {
+// agent keeps a copy of the socket, outside the runtime's poller
+// (handover.Held), until the program hangs up. Any failure ends the
+// session: the server already handed its end to the worker.
+func (d *Dialer) handOver(l *link.Conn, c *net.UnixConn) (*handover.Held, error) {
 	tc, err := l.Detach()
 	if err != nil {
 		l.Close()
@@ -96,11 +95,16 @@ func (d *Dialer) handOver(l *link.Conn, c *net.UnixConn) (*tls.Conn, error) {
 		err = handover.Send(c, st, f)
 		f.Close()
 	}
+	var held *handover.Held
+	if err == nil {
+		tcp, _ := tc.NetConn().(*net.TCPConn)
+		held, err = handover.Hold(tcp)
+	}
 	if err != nil {
 		handover.End(tc)
 		return nil, err
 	}
-	return tc, nil
+	return held, nil
 }
 
 // Path names the session's data path as remote.dataPath does.

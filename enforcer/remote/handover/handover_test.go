@@ -236,6 +236,7 @@ func TestHeldSocket(t *testing.T) {
 	}
 	held.End()
 	held.End()
+	held.Close()
 	_ = peer.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if n, err := peer.Read(b); err != io.EOF {
 		t.Fatalf("the peer read %d bytes, %v after End; want end of file", n, err)

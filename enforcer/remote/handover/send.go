@@ -209,13 +209,21 @@ func (h *Held) Control(f func(fd uintptr)) error {
 
 // End ends the session for every process that holds its socket (their
 // reads return end of file) and closes the agent's copy. Again: nothing.
-func (h *Held) End() {
+func (h *Held) End() { h.close(true) }
+
+// Close closes the agent's copy only: the session ends with the last
+// process that holds it.
+func (h *Held) Close() { h.close(false) }
+
+func (h *Held) close(shutdown bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.fd < 0 {
 		return
 	}
-	_ = unix.Shutdown(h.fd, unix.SHUT_RDWR)
+	if shutdown {
+		_ = unix.Shutdown(h.fd, unix.SHUT_RDWR)
+	}
 	_ = unix.Close(h.fd)
 	h.fd = -1
 }
