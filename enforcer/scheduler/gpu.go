@@ -29,13 +29,9 @@ const (
 	// A previous owner's work drains for at most this long on the clock
 	// after its gate closed, whatever its completion marks say; while it
 	// does, the loop ticks every drainPoll, to open the next owner's gate
-	// soon after. The device idles from the drain's end to that tick (at
-	// 1 ms, about 1% of 50 ms slices), and most drains are a few kernels:
-	// their first drainPollFastFor is looked at every drainPollFast.
-	maxDrain         = 200 * time.Millisecond
-	drainPoll        = time.Millisecond
-	drainPollFast    = 200 * time.Microsecond
-	drainPollFastFor = 2 * time.Millisecond
+	// soon after.
+	maxDrain  = 200 * time.Millisecond
+	drainPoll = time.Millisecond
 	// Idle containers are looked at in turns, at least this many a tick
 	// (all of them, on a GPU shared by fewer) and each at least every
 	// Config.IdlePoll: a thousand idle containers do not cost a thousand
@@ -675,18 +671,6 @@ func (m *member) passed() uint64 { return min(m.lastIssued, m.c.limits.Grant(m.d
 func (m *member) charge(ns float64) {
 	m.clockDue += ns
 	m.spent += ns
-}
-
-// drainPoll says how soon the loop should look again for the drain's end,
-// which an owner waits for; 0 when none does.
-func (g *gpu) drainPoll(now time.Time) time.Duration {
-	switch {
-	case g.draining == nil || g.owner == nil:
-		return 0
-	case now.Sub(g.closedAt) < drainPollFastFor:
-		return drainPollFast
-	}
-	return drainPoll
 }
 
 // drained says when the draining owner's work has run, if it has: when its

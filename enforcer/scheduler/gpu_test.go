@@ -27,31 +27,6 @@ func TestPickByStandingNotRawCredit(t *testing.T) {
 	}
 }
 
-// The device idles from a drain's end until the loop sees it, and most
-// drains are a few kernels: a drain an owner waits for is looked at often
-// in its first milliseconds, less often after, and not at all when no owner
-// waits.
-func TestDrainPoll(t *testing.T) {
-	now := time.Now()
-	a, b := &member{c: &container{key: "a"}}, &member{c: &container{key: "b"}}
-	for _, c := range []struct {
-		draining, owner *member
-		closed          time.Duration
-		want            time.Duration
-	}{
-		{nil, b, 0, 0},
-		{a, nil, time.Millisecond, 0},
-		{a, b, time.Millisecond, drainPollFast},
-		{a, b, 3 * time.Millisecond, drainPoll},
-		{a, a, 100 * time.Microsecond, drainPollFast}, // an owner's own drain between its slices
-	} {
-		g := &gpu{draining: c.draining, owner: c.owner, closedAt: now.Add(-c.closed)}
-		if got := g.drainPoll(now); got != c.want {
-			t.Errorf("draining %v, owner %v, closed %v ago: poll every %v, want %v", c.draining != nil, c.owner != nil, c.closed, got, c.want)
-		}
-	}
-}
-
 // A training step launches ahead of the device as fast as each tick
 // releases tickets, then synchronizes on all of it: the owner takes no
 // ticket for tens of ms while its work runs. Its completion marks say the

@@ -441,9 +441,9 @@ func (s *Scheduler) loop(stop, done chan struct{}) {
 			busy, _ = s.cfg.Source.Busy() // on error, shares keep their last values
 		}
 		next := s.cfg.Tick
-		switch quiet, poll := s.tick(now, busy); {
-		case poll > 0: // the next owner waits for the drain's end: see it soon
-			next = min(next, poll)
+		switch quiet, draining := s.tick(now, busy); {
+		case draining: // the next owner waits for the drain's end: see it soon
+			next = min(next, drainPoll)
 		case quiet:
 			next = max(next, s.cfg.IdlePoll)
 		}
@@ -452,9 +452,9 @@ func (s *Scheduler) loop(stop, done chan struct{}) {
 }
 
 // tick runs one round for every GPU; busy is a new measurement or nil. It
-// says whether every GPU is quiet, and how soon to look again for the end of
-// a previous owner's drain that an owner waits for (0: none waits).
-func (s *Scheduler) tick(now time.Time, busy map[string]map[string]uint64) (quiet bool, poll time.Duration) {
+// says whether every GPU is quiet, and whether one waits for a previous
+// owner's work to drain.
+func (s *Scheduler) tick(now time.Time, busy map[string]map[string]uint64) (quiet, draining bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	full := now.Sub(s.lastLedger) >= s.cfg.Ledger
@@ -491,9 +491,7 @@ func (s *Scheduler) tick(now time.Time, busy map[string]map[string]uint64) (quie
 		g.tick(now, s.cfg)
 		quiet = quiet && g.quiet()
 		ungated = ungated || len(g.members) > 0 && !g.eff.Gated()
-		if p := g.drainPoll(now); p > 0 && (poll == 0 || p < poll) {
-			poll = p
-		}
+		draining = draining || g.draining != nil && g.owner != nil
 	}
 	s.ungated = ungated
 	if now.Sub(s.lastBeat) >= s.cfg.Heartbeat {
@@ -503,7 +501,7 @@ func (s *Scheduler) tick(now time.Time, busy map[string]map[string]uint64) (quie
 			c.limits.HeartbeatAt(beat)
 		}
 	}
-	return quiet, poll
+	return quiet, draining
 }
 
 // readLedger refreshes claims, per-device reservations, pids and throttled
