@@ -310,7 +310,7 @@ func (j *joiner) finish(ledgers map[uint64]*ledger, rejected []*ledger, schedule
 		if t := sched[k].Target; t > 0 {
 			e.ComputeLimit = t
 		}
-		e.ScheduledShare = sched[k].Achieved
+		e.ScheduledShare, e.ScheduledSeconds = sched[k].Achieved, sched[k].Charged
 		if e.ComputeShare > 1 {
 			e.ComputeShare = 1
 		}

@@ -31,7 +31,7 @@ func (m viewMetrics) Collect(ch chan<- prometheus.Metric) { m.c.metrics(m.v, ch)
 // Describe sends the description of every metric the collector serves.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descMemoryUsed, descMemoryLimit, descAllocFailures, descLaunches,
-		descThrottled, descDeviceMismatches, descShare, descLimit, descScheduled, descUnenforced, descBreach, descDeviceMemTotal, descDeviceMemUsed, descDeviceUtil,
+		descThrottled, descDeviceMismatches, descShare, descLimit, descScheduled, descScheduledSeconds, descUnenforced, descBreach, descDeviceMemTotal, descDeviceMemUsed, descDeviceUtil,
 		descProbeEvents, descProbeLost, descBuildInfo, descSourceUp} {
 		ch <- d
 	}
@@ -63,6 +63,7 @@ func (c *Collector) metrics(v *View, ch chan<- prometheus.Metric) {
 		if e.ComputeLimit > 0 {
 			ch <- prometheus.MustNewConstMetric(descLimit, gauge, e.ComputeLimit, l...)
 			ch <- prometheus.MustNewConstMetric(descScheduled, gauge, e.ScheduledShare, l...)
+			ch <- prometheus.MustNewConstMetric(descScheduledSeconds, counter, e.ScheduledSeconds, l...)
 		}
 		ch <- prometheus.MustNewConstMetric(descUnenforced, gauge, boolFloat(e.Unenforced), l...)
 		for _, b := range e.Breaches {

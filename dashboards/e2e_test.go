@@ -161,6 +161,10 @@ func TestEndToEnd(t *testing.T) {
 		if err != nil || len(scheduled) != 1 {
 			return fmt.Errorf("the trainer's share on the scheduler's clock is never above 0: %+v %v", scheduled, err)
 		}
+		charged, err := prom.query(fmt.Sprintf(`increase(gpuwarden_container_scheduled_seconds_total{pod=%q}[1m]) > 0`, trainerUID))
+		if err != nil || len(charged) != 1 {
+			return fmt.Errorf("the scheduler's clock never charged the trainer: %+v %v", charged, err)
+		}
 		return nil
 	})
 

@@ -74,6 +74,10 @@ type ContainerDevice struct {
 	// slice from its start until its work ran) where its launches are
 	// gated. NVML's ComputeShare judges it.
 	ScheduledShare float64 `json:"scheduledShare"`
+	// ScheduledSeconds is the device time the scheduler's clock charged
+	// the container, ever (monotonic): its share over any window is the
+	// window's difference over the window's length.
+	ScheduledSeconds float64 `json:"scheduledSeconds"`
 
 	PIDs []int `json:"pids"`
 }
@@ -160,6 +164,20 @@ type GPUInfo struct {
 	MaxInst    int    `json:"maxInst"`
 	FreeWeight int    `json:"freeWeight"` // cGPU's free_weight: max_inst less its containers' weights
 	Containers int    `json:"containers"`
+	// Slices counts the scheduler's hand-overs of the GPU, ever.
+	Slices SliceCounts `json:"slices"`
+}
+
+// SliceCounts are a GPU's slice hand-overs, ever: the previous owner's work
+// drains after its gate closes (charged to it), then the device waits for
+// the next owner's gate to open (nobody's time). Drains ended by the
+// scheduler's 200 ms cap rather than a completion mark mean the marks did
+// not come.
+type SliceCounts struct {
+	Handovers    uint64  `json:"handovers"`
+	DrainsCapped uint64  `json:"drainsCapped"`
+	DrainSeconds float64 `json:"drainSeconds"`
+	GapSeconds   float64 `json:"gapSeconds"`
 }
 
 // ChangeResult is every change's answer. InForce lists the shares the

@@ -36,7 +36,7 @@ func (k kindError) Unwrap() []error { return []error{k.kind, k.err} }
 // node's GPUs.
 func gpuInfo(st scheduler.GPUStatus, node []string) agentapi.GPUInfo {
 	return agentapi.GPUInfo{Index: slices.Index(node, st.UUID), UUID: st.UUID, Policy: st.Policy.String(), PolicySet: st.PolicySet, MaxInst: st.MaxInst,
-		FreeWeight: st.FreeWeight, Containers: st.Containers}
+		FreeWeight: st.FreeWeight, Containers: st.Containers, Slices: agentapi.SliceCounts(st.Slices)}
 }
 
 // GPUs is every GPU with containers or settings.

@@ -403,6 +403,8 @@ type Scheduled struct {
 	// over about the last second: on the agent's own clock where its
 	// launches are gated (each slice from its start until its work ran).
 	Achieved float64
+	// Charged is the device time its clock charged it, ever, in seconds.
+	Charged float64
 }
 
 // Scheduling gives what the scheduler holds each container to, per device:
@@ -421,7 +423,7 @@ func (e *Members) Scheduling() map[GPUKey]Scheduled {
 			s.Target = st.Target
 		}
 		s.Held = st.Gated && st.Policy != policy.Soft && !st.High && st.Target > 0 && st.Target < 1
-		s.Rewinds, s.Achieved = st.Rewinds, st.Achieved
+		s.Rewinds, s.Achieved, s.Charged = st.Rewinds, st.Achieved, st.ChargedSeconds
 		out[GPUKey{Cgroup: cg, UUID: st.GPU}] = s
 	}
 	return out

@@ -61,9 +61,21 @@ type gpu struct {
 	closePassed uint64 // the draining member's tickets that passed its gate before it closed
 
 	active  []*member // members looked at every tick: busy, waiting or owning
-	cursor  int       // where the next round of idle polls starts in members
-	dirty   bool      // plan again: busy states, settings or members changed
-	longest float64   // the largest cost per ticket among members, ns
+	counts  SliceCounts
+	cursor  int     // where the next round of idle polls starts in members
+	dirty   bool    // plan again: busy states, settings or members changed
+	longest float64 // the largest cost per ticket among members, ns
+}
+
+// SliceCounts are a GPU's slice hand-overs, ever: how long each previous
+// owner's work ran on after its gate closed, and how long the device then
+// waited for the next owner's gate to open (nobody's time). A drain that
+// ends at maxDrain, not at a completion mark, means the marks did not come.
+type SliceCounts struct {
+	Handovers    uint64  // gates closed for another container's slice
+	DrainsCapped uint64  // drains ended at maxDrain
+	DrainSeconds float64 // gate closed to the drained work's end, summed
+	GapSeconds   float64 // drained work's end to the next gate's opening, summed
 }
 
 // member is one container on one device.
@@ -94,6 +106,7 @@ type member struct {
 	achieved float64
 
 	clockDue float64 // device time the clock charged it since the last tick, ns
+	paid     float64 // device time charged to it, ever, ns
 }
 
 func newMember(c *container, dev int, now time.Time) *member {
@@ -191,7 +204,7 @@ func (g *gpu) status(cfg Config) GPUStatus {
 	}
 	n := g.maxInst(cfg)
 	return GPUStatus{UUID: g.uuid, Policy: g.eff, PolicySet: g.settings.PolicySet, MaxInst: n,
-		FreeWeight: policy.FreeWeight(n, cs), Containers: len(g.members)}
+		FreeWeight: policy.FreeWeight(n, cs), Containers: len(g.members), Slices: g.counts}
 }
 
 // accrue brings credit up to now: earned at the target share of the wall
@@ -394,6 +407,7 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 			charge = 0
 		}
 		charge += m.clockDue
+		m.paid += charge
 		if dt > 0 { // what it pays for, in and out of slices
 			m.achieved += (min(charge/dt, 1) - m.achieved) * alpha
 		}
@@ -538,6 +552,7 @@ func (g *gpu) close(o *member, now time.Time) {
 	// What passed the gate before it closed (a launch that waits has taken
 	// a ticket, and runs in a later slice).
 	g.draining, g.closedAt, g.closePassed = o, now, min(issued, o.c.limits.Grant(o.dev))
+	g.counts.Handovers++
 }
 
 // runClock charges the clock's member the wall time since the last tick:
@@ -552,6 +567,9 @@ func (g *gpu) runClock(now time.Time, cfg Config) {
 			d.charge(float64(now.Sub(g.clockAt)))
 			g.clockAt = now
 			return
+		}
+		if now.Sub(g.closedAt) >= maxDrain {
+			g.counts.DrainsCapped++
 		}
 		g.settleDrain(end, now)
 	}
@@ -616,6 +634,8 @@ func (g *gpu) settleDrain(end, now time.Time) {
 		end = g.clockAt
 	}
 	d.charge(float64(end.Sub(g.clockAt)))
+	g.counts.DrainSeconds += max(end.Sub(g.closedAt), 0).Seconds()
+	g.counts.GapSeconds += now.Sub(end).Seconds()
 	g.endDrain(now)
 	if d != g.owner { // the same member's next slice goes on counting
 		g.costFromSlice(d, g.closePassed)

@@ -119,6 +119,7 @@ type GPUStatus struct {
 	MaxInst    int // in force
 	FreeWeight int // cGPU's free_weight: max_inst less its containers' weights
 	Containers int
+	Slices     SliceCounts
 }
 
 // Status is one container's state on one device.
@@ -134,6 +135,7 @@ type Status struct {
 	High             bool
 	Target           float64 // share it is held to (gpuwarden_container_compute_limit_ratio)
 	Achieved         float64 // measured share over about the last second: the clock's charge where gated, else Source's
+	ChargedSeconds   float64 // device time the clock charged it on this GPU, ever (monotonic; gated GPUs only)
 	ThrottledSeconds float64 // time its launches waited at the gate, all processes, ever (monotonic)
 	Launches         uint64  // gate tickets taken on the device
 	CostNs           float64 // estimated device time per ticket
@@ -367,7 +369,7 @@ func (s *Scheduler) Status() []Status {
 		for _, m := range g.members {
 			out = append(out, Status{Key: m.c.key, GPU: g.uuid, Ordinal: m.dev, Policy: g.eff, Gated: g.eff.Gated(), Busy: m.busy,
 				Weight: m.c.eff.Weight, CapPercent: m.c.eff.CapPercent, High: m.c.eff.High,
-				Target: m.target, Achieved: m.achieved, ThrottledSeconds: float64(m.c.throttledNow()) / 1e9,
+				Target: m.target, Achieved: m.achieved, ChargedSeconds: m.paid / 1e9, ThrottledSeconds: float64(m.c.throttledNow()) / 1e9,
 				Launches: m.lastIssued, CostNs: m.cost, Rewinds: m.rewinds})
 		}
 	}

@@ -102,6 +102,7 @@ func TestWeighted(t *testing.T) {
 	s := shares(t, r, time.Second, 3*time.Second)
 	within(t, "b/a", s["b"]/s["a"], 1.5, 2.6)
 	within(t, "a+b", s["a"]+s["b"], 0.4, 1.01)
+	charged := map[string]float64{}
 	for _, st := range r.Sched.Status() {
 		if st.Policy != policy.Weighted {
 			t.Errorf("%s: policy %v, want weighted", st.Key, st.Policy)
@@ -112,6 +113,19 @@ func TestWeighted(t *testing.T) {
 		if st.ThrottledSeconds <= 0 {
 			t.Errorf("%s: no throttled time", st.Key)
 		}
+		charged[st.Key] = st.ChargedSeconds
+	}
+	// The clock's charge, ever, splits as the shares do; each slice's end
+	// is a hand-over whose drain a completion mark ended, not the cap.
+	within(t, "b/a charged", charged["b"]/charged["a"], 1.5, 2.6)
+	gs := r.Sched.GPUs()
+	if len(gs) != 1 {
+		t.Fatalf("%d GPUs, want 1", len(gs))
+	}
+	sl := gs[0].Slices
+	t.Logf("slices: %+v", sl)
+	if sl.Handovers < 20 || sl.DrainsCapped > sl.Handovers/10 || sl.DrainSeconds <= 0 {
+		t.Errorf("slices %+v: want 20 or more hand-overs (50 ms slices over 4 s), drains ended by marks", sl)
 	}
 }
 
