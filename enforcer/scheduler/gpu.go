@@ -412,9 +412,16 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 			m.achieved += (min(charge/dt, 1) - m.achieved) * alpha
 		}
 		m.clockDue = 0
+		// A busy member holds up to (members+1) slices of credit at an
+		// equal share, and in proportion to its share otherwise: the same
+		// standing for all. Credit grows in the wall time nobody is charged
+		// for (a drain's end to the next tick, about 1 ms a hand-over on an
+		// H200), so the cap is met; a cap the larger share met first handed
+		// the smaller what the larger lost there (1:2 held at 1.95:1).
 		hi := slice
 		if m.busy {
-			hi = slice * float64(len(g.members)+1)
+			n := float64(len(g.members))
+			hi = slice * (n + 1) * n * m.target
 		}
 		m.accrue(now, charge, hi, slice, cfg)
 	}
