@@ -236,7 +236,7 @@ func wholeRounds(rates map[string][]float64, last string) int {
 // trainRun trains once with env and returns the rate it printed; ready,
 // if set, runs when the warm-up is over and the timed run starts.
 func (e *env) trainRun(ctx context.Context, env []string, secs float64, ready func()) (float64, error) {
-	t, err := e.startTrainer(ctx, env, nil, 64, 20000, secs)
+	t, err := e.startTrainer(ctx, env, nil, "", 64, 20000, secs)
 	if err != nil {
 		return 0, err
 	}

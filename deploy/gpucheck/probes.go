@@ -103,7 +103,7 @@ func checkProbes(ctx context.Context, e *env, r *Result) {
 
 // container is the agent's view of the container in cg.
 func (a *agent) container(cg *cgroup) (agentapi.ContainerDevice, error) {
-	cs, errs, err := a.containers([]*cgroup{cg})
+	cs, errs, _, err := a.containers([]*cgroup{cg})
 	if err == nil {
 		err = errs[0]
 	}
@@ -111,12 +111,13 @@ func (a *agent) container(cg *cgroup) (agentapi.ContainerDevice, error) {
 }
 
 // containers is the agent's view of the containers in cgs, from one read
-// of its API: each one's, or why it is not listed.
-func (a *agent) containers(cgs []*cgroup) ([]agentapi.ContainerDevice, []error, error) {
+// of its API: each one's, or why it is not listed, and when the view was
+// taken.
+func (a *agent) containers(cgs []*cgroup) ([]agentapi.ContainerDevice, []error, time.Time, error) {
 	out, errs := make([]agentapi.ContainerDevice, len(cgs)), make([]error, len(cgs))
 	var resp agentapi.ContainersResponse
 	if err := a.get("/api/v1/containers", &resp); err != nil {
-		return out, errs, err
+		return out, errs, time.Time{}, err
 	}
 	for i, cg := range cgs {
 		j := slices.IndexFunc(resp.Containers, func(c agentapi.ContainerDevice) bool { return c.CgroupPath == cg.rel })
@@ -126,7 +127,7 @@ func (a *agent) containers(cgs []*cgroup) ([]agentapi.ContainerDevice, []error, 
 		}
 		out[i] = resp.Containers[j]
 	}
-	return out, errs, nil
+	return out, errs, resp.Time, nil
 }
 
 // errText explains a wait that ran out, with the end of the agent's log.

@@ -2,12 +2,12 @@ package gpucheck
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -42,19 +42,23 @@ const (
 )
 
 // startTrainer runs a training process for secs seconds with env, in cg if
-// not nil, at batch size batch (PyTorch) or simgpu's step of kernelNs
-// kernels.
-func (e *env) startTrainer(ctx context.Context, env []string, cg *cgroup, batch int, kernelNs int, secs float64) (*trainer, error) {
+// not nil, on cpus if not empty (taskset's list), at batch size batch
+// (PyTorch) or simgpu's step of kernelNs kernels.
+func (e *env) startTrainer(ctx context.Context, env []string, cg *cgroup, cpus string, batch int, kernelNs int, secs float64) (*trainer, error) {
 	t := &trainer{e: e, cg: cg, ready: make(chan struct{})}
 	t.readyOnce = sync.OnceFunc(func() { close(t.ready) })
 	s := strconv.FormatFloat(secs, 'f', 1, 64)
-	var cmd *exec.Cmd
+	var argv []string
 	if e.o.Simulate {
-		cmd = e.command(ctx, env, e.bundlePath("simgpu", "workload"), "--seconds", s, "--kernels", strconv.Itoa(simKernels),
-			"--kernel-ns", strconv.Itoa(kernelNs), "--batch", strconv.Itoa(simBatch), "--label", "train", "--progress")
+		argv = []string{e.bundlePath("simgpu", "workload"), "--seconds", s, "--kernels", strconv.Itoa(simKernels),
+			"--kernel-ns", strconv.Itoa(kernelNs), "--batch", strconv.Itoa(simBatch), "--label", "train", "--progress"}
 	} else {
-		cmd = e.command(ctx, env, e.python(), e.bundlePath("src", "train.py"), "--batch", strconv.Itoa(batch), "--seconds", s)
+		argv = []string{e.python(), e.bundlePath("src", "train.py"), "--batch", strconv.Itoa(batch), "--seconds", s}
 	}
+	if cpus != "" {
+		argv = append([]string{"taskset", "-c", cpus}, argv...)
+	}
+	cmd := e.command(ctx, env, argv[0], argv[1:]...)
 	cmd.Stderr = &lockedBuilder{mu: &t.mu, b: &t.stderr}
 	var err error
 	if t.p, err = e.start(cmd, cg, t.line); err != nil {
@@ -174,11 +178,31 @@ type shareRow struct {
 	solo     bool // measure b alone after the pair (rows of the same settings share it)
 }
 
+// trainerCPUs is the CPUs the pair's container i (0 or 1) is pinned to, as
+// a node's CPU manager gives pods cores of their own: each takes half of
+// the CPUs after the first (the agent and the check keep the first and
+// any odd one), so that neither's host pace depends on where the other's
+// threads run. None on a machine of fewer than 8 CPUs or without taskset.
+func trainerCPUs(i int) string {
+	n := runtime.NumCPU()
+	if _, err := exec.LookPath("taskset"); n < 8 || err != nil {
+		return ""
+	}
+	half := (n - 1) / 2
+	lo := 1 + i*half
+	return fmt.Sprintf("%d-%d", lo, lo+half-1)
+}
+
+// soloRates are one container's rates alone at a row's settings, under its
+// gate and with launches not gated.
+type soloRates struct{ gated, ungated float64 }
+
 // soloKey names a row's training settings, whose solo rate rows share.
 func (row shareRow) soloKey() string { return fmt.Sprintf("%d/%d", row.batch, row.kernelNs) }
 
 // timing says how long each phase of a row takes: the pair is measured
-// in runs back-to-back windows, then one container alone for solo.
+// in runs back-to-back windows, then one container alone for solo, under its
+// gate and then not gated.
 type timing struct {
 	ready, settle, window, solo time.Duration
 	runs                        int
@@ -188,14 +212,14 @@ func (e *env) shareTiming() timing {
 	if e.o.Simulate {
 		return timing{ready: 30 * time.Second, settle: 1500 * time.Millisecond, window: 3 * time.Second, solo: 3 * time.Second, runs: 3}
 	}
-	// Five rows in about 4 minutes: each is one start of both trainers
-	// (PyTorch's start and warm-up, about 15 s), 3 windows and a solo.
+	// Five rows in about 5 minutes: each is one start of both trainers
+	// (PyTorch's start and warm-up, about 15 s), 3 windows and two solos.
 	return timing{ready: 120 * time.Second, settle: 3 * time.Second, window: 8 * time.Second, solo: 6 * time.Second, runs: 3}
 }
 
 // rowTime is how long a row runs once both trainers are ready.
 func (tm timing) rowTime() time.Duration {
-	return 2*tm.settle + time.Duration(tm.runs)*tm.window + tm.solo
+	return 3*tm.settle + time.Duration(tm.runs)*tm.window + 2*tm.solo
 }
 
 // checkShares is part 4: two containers at weights 1:2 under the agent, per
@@ -207,13 +231,13 @@ func checkShares(ctx context.Context, e *env, r *Result) {
 		r.Fail("root", "cgroups need root")
 		return
 	}
-	rows := []shareRow{{name: "weighted_1to2_k2ms", kernelNs: 2000000, wa: 1, wb: 2, target: 2, solo: true},
+	rows := []shareRow{{name: "weighted_1to2_k2ms", kernelNs: 2000000, policy: "weighted", wa: 1, wb: 2, target: 2, solo: true},
 		{name: "fixed_30_70_k2ms", kernelNs: 2000000, policy: "fixed", wa: 3, wb: 7, target: 7.0 / 3}}
 	tolerance := 0.35 // simgpu on a loaded CI machine: the precise figures are make bench's
 	if !e.o.Simulate {
 		rows = nil
 		for _, b := range []int{16, 32, 64, 128} {
-			rows = append(rows, shareRow{name: fmt.Sprintf("weighted_1to2_batch%d", b), batch: b, wa: 1, wb: 2, target: 2, solo: true})
+			rows = append(rows, shareRow{name: fmt.Sprintf("weighted_1to2_batch%d", b), batch: b, policy: "weighted", wa: 1, wb: 2, target: 2, solo: true})
 		}
 		rows = append(rows, shareRow{name: "fixed_30_70_batch64", batch: 64, policy: "fixed", wa: 3, wb: 7, target: 7.0 / 3})
 		tolerance = 0.10
@@ -227,7 +251,7 @@ func checkShares(ctx context.Context, e *env, r *Result) {
 	defer a.keepLog(filepath.Join(e.o.Out, "shares-agent.log"))
 	defer a.stopFor(r)
 	tm := e.shareTiming()
-	solo := map[string]float64{}
+	solo := map[string]soloRates{}
 	for _, row := range rows {
 		if a.exited() != nil { // stopFor says why
 			r.Skip(row.name, "the agent has exited")
@@ -240,16 +264,21 @@ func checkShares(ctx context.Context, e *env, r *Result) {
 		e.shareRow(ctx, a, controlDir, row, tm, tolerance, solo, r)
 	}
 	r.Note("Each row: both containers warm up; their ratio is measured in %d back-to-back windows of %s (mean and spread below), "+
-		"then one container alone for %s (its solo rate; the fixed row uses the weighted row's at the same batch). "+
+		"then one container alone for %[3]s under its gate (its solo rate; the fixed row uses the weighted row's at the same batch) and %[3]s with its launches not gated (policy native). "+
 		"The ratio is judged twice: by images/s, and by device time, each step's span between CUDA events recorded before and after it; "+
-		"the agent's own ratio, its scheduler's measured shares over each window, is reported beside them. "+
+		"beside them, the agent's own: the device time its scheduler's clock charged each container over the window, with the share of wall time it charged, "+
+		"its hand-overs a second, and per hand-over how long the previous owner's work drained after its gate closed and how long the device then waited for the next gate. "+
+		"Where the machine has 8 CPUs or more, each container is pinned to half of them (taskset), as a node's CPU manager gives pods cores of their own; "+
+		"the BENCH lines add each container's launches per second of its charged time (its host's pace in its slices), the share of wall time its launches waited at its gate, "+
+		"and NVML's view (its ratio of the two containers' shares, a sample stream, and the GPU's utilization). "+
 		"A row passes when its mean images/s ratio is within %.0f%% of its target here; the budget (5%%, goal 2%%) is the `_within_budget` figures.",
 		tm.runs, tm.window, tm.solo, tolerance*100)
-	r.Note("A step's span between its events includes any time the GPU gave the other container inside the step, so the device-time ratio " +
-		"reads low when the two containers' steps overlap on the GPU; it is exact only while the scheduler keeps one container's work off the GPU during the other's slice.")
+	r.Note("A step's span between its events includes any time the GPU gave the other container inside the step: where a step outlasts " +
+		"the gap between one container's slices (the other's slice, 50 ms or more), every step's span holds the other's slices, and the device-time ratio " +
+		"reads about 1 whatever the shares. It judges only steps that fit inside a slice; the agent's clock and images/s judge the rest.")
 }
 
-func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row shareRow, tm timing, tolerance float64, solo map[string]float64, r *Result) {
+func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row shareRow, tm timing, tolerance float64, solo map[string]soloRates, r *Result) {
 	if row.policy != "" {
 		if out, err := e.ctl(a, "gpu", "0", "--policy", row.policy, "--max-inst", "10"); err != nil {
 			r.Fail(row.name, "gpuwarden ctl gpu 0 --policy %s: %v: %s", row.policy, err, out)
@@ -268,7 +297,7 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row sha
 		defer cg.remove()
 		cgs[i] = cg
 		env := e.preloaded(controlDir, fmt.Sprintf("GPUWARDEN_COMPUTE_WEIGHT=%d", w))
-		if ts[i], err = e.startTrainer(ctx, env, cg, row.batch, row.kernelNs, secs); err != nil {
+		if ts[i], err = e.startTrainer(ctx, env, cg, trainerCPUs(i), row.batch, row.kernelNs, secs); err != nil {
 			r.Fail(row.name, "%v", err)
 			return
 		}
@@ -283,16 +312,28 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row sha
 	time.Sleep(tm.settle)
 	p := "shares_" + row.name
 	var ratios, devRatios, agentRatios, sumA, sumB []float64
-	smp := sampleScheduled(a, cgs[:])
-	defer smp.stop()
+	var clocks []clockWindow
+	nvml := sampleNVML(a, cgs[:])
+	defer nvml.stop()
+	rowFrom := time.Now()
 	for run := 1; run <= tm.runs; run++ {
-		from := time.Now()
+		x0, err := readClock(a, cgs[:])
+		if err != nil {
+			r.Fail(row.name, "run %d: the agent's scheduler: %v", run, err)
+			return
+		}
 		m, err := measure(ctx, ts[:], tm.window)
 		if err != nil {
 			r.Fail(row.name, "run %d: %v", run, err)
 			return
 		}
-		agentRatios = append(agentRatios, smp.ratio(from, time.Now()))
+		x1, err := readClock(a, cgs[:])
+		if err != nil {
+			r.Fail(row.name, "run %d: the agent's scheduler: %v", run, err)
+			return
+		}
+		cw := clockOver(x0, x1)
+		clocks, agentRatios = append(clocks, cw), append(agentRatios, cw.ratio)
 		ratio := m[1].images / math.Max(m[0].images, 1e-9)
 		dev := m[1].device / math.Max(m[0].device, 1e-9)
 		ratios, devRatios = append(ratios, ratio), append(devRatios, dev)
@@ -302,9 +343,21 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row sha
 		r.Bench(q+"b_images_per_sec", m[1].images, "images/s")
 		r.Bench(q+"ratio", ratio, "ratio")
 		r.Bench(q+"device_ratio", dev, "ratio")
-		r.Bench(q+"agent_ratio", agentRatios[run-1], "ratio")
+		r.Bench(q+"agent_ratio", cw.ratio, "ratio")
+		r.Bench(q+"agent_charged_fraction", cw.charged, "ratio")
+		r.Bench(q+"handovers_per_sec", cw.handoversPerSec, "1/s")
+		r.Bench(q+"drain_ms_per_handover", cw.drainMs, "ms")
+		r.Bench(q+"gap_ms_per_handover", cw.gapMs, "ms")
+		r.Bench(q+"drains_capped", float64(cw.capped), "count")
+		for i, c := range "ab" {
+			r.Bench(fmt.Sprintf("%s%c_launches_per_charged_sec", q, c), cw.launchPace[i], "1/s")
+			r.Bench(fmt.Sprintf("%s%c_throttled_fraction", q, c), cw.throttled[i], "ratio")
+		}
+		if nv, ok := nvml.over(x0.at, x1.at); ok {
+			r.Bench(q+"nvml_ratio", nv.share[1]/math.Max(nv.share[0], 1e-9), "ratio")
+			r.Bench(q+"nvml_device_utilization", nv.util, "ratio")
+		}
 	}
-	smp.stop()
 	ra, rb := meanOf(sumA), meanOf(sumB)
 	mean, sd := meanOf(ratios), sdOf(ratios)
 	devMean, devSD := meanOf(devRatios), sdOf(devRatios)
@@ -317,6 +370,10 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row sha
 	r.Bench(p+"_device_ratio", devMean, "ratio")
 	r.Bench(p+"_device_ratio_sd", devSD, "ratio")
 	r.Bench(p+"_agent_ratio", meanOf(agentRatios), "ratio")
+	r.Bench(p+"_agent_ratio_sd", sdOf(agentRatios), "ratio")
+	if nv, ok := nvml.over(rowFrom, time.Now()); ok {
+		r.Bench(p+"_nvml_ratio", nv.share[1]/math.Max(nv.share[0], 1e-9), "ratio")
+	}
 	r.Bench(p+"_target_ratio", row.target, "ratio")
 	r.Bench(p+"_within_budget", float64(btoi(math.Abs(mean/row.target-1) <= 0.05)), "bool")
 	r.Bench(p+"_within_goal", float64(btoi(math.Abs(mean/row.target-1) <= 0.02)), "bool")
@@ -324,8 +381,13 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row sha
 	r.Bench(p+"_device_within_goal", float64(btoi(math.Abs(devMean/row.target-1) <= 0.02)), "bool")
 	judged(a, row.name, cgs[:], r)
 	r.Expect(math.Abs(mean/row.target-1) <= tolerance, row.name,
-		"weights %d:%d: %.1f and %.1f images/s, ratio %.3f mean of %s (sd %.3f; target %.3f); by device time %.3f (sd %.3f); by the agent's clock %s",
-		row.wa, row.wb, ra, rb, mean, joinFloats(ratios), sd, row.target, devMean, devSD, joinFloats(agentRatios))
+		"weights %d:%d: %.1f and %.1f images/s, ratio %.3f mean of %s (sd %.3f; target %.3f); by device time %.3f (sd %.3f); by the agent's clock %s, "+
+			"which charged %s of wall time, with %s hand-overs/s, each drained %s ms and waited %s ms (%d drains capped)",
+		row.wa, row.wb, ra, rb, mean, joinFloats(ratios), sd, row.target, devMean, devSD, joinFloats(agentRatios),
+		joinFloats(clockField(clocks, func(c clockWindow) float64 { return c.charged })),
+		joinFloats(clockField(clocks, func(c clockWindow) float64 { return c.handoversPerSec })),
+		joinFloats(clockField(clocks, func(c clockWindow) float64 { return c.drainMs })),
+		joinFloats(clockField(clocks, func(c clockWindow) float64 { return c.gapMs })), cappedIn(clocks))
 
 	if row.solo {
 		// b alone from here, once the agent no longer holds a's container
@@ -350,10 +412,28 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row sha
 			r.Fail(row.name+" alone", "%v", err)
 			return
 		}
-		solo[row.soloKey()] = m[0].images
+		// and alone with its launches not gated (the next row sets its
+		// policy again): what the gate costs a container it need not hold
+		rates := soloRates{gated: m[0].images}
+		if out, err := e.ctl(a, "gpu", "0", "--policy", "native"); err != nil {
+			r.Fail(row.name+" alone", "gpuwarden ctl gpu 0 --policy native: %v: %s", err, out)
+			return
+		}
+		time.Sleep(tm.settle)
+		from := time.Now()
+		if m, err = measure(ctx, ts[1:], tm.solo); err != nil {
+			r.Fail(row.name+" alone", "%v", err)
+			return
+		}
+		rates.ungated = m[0].images
+		if nv, ok := nvml.over(from, time.Now()); ok { // how much of the GPU one container keeps busy
+			r.Bench(p+"_solo_ungated_nvml_device_utilization", nv.util, "ratio")
+		}
+		solo[row.soloKey()] = rates
 	}
-	s, ok := solo[row.soloKey()]
-	if !ok || s <= 0 {
+	rates, ok := solo[row.soloKey()]
+	s := rates.gated
+	if !ok || s <= 0 || rates.ungated <= 0 {
 		r.Skip(row.name+" alone", "no solo rate at these settings")
 		return
 	}
@@ -366,91 +446,13 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row sha
 	r.Bench(p+"_sum_over_solo", total/s, "ratio")
 	r.Bench(p+"_a_solo_over_share", overA, "ratio")
 	r.Bench(p+"_b_solo_over_share", overB, "ratio")
+	r.Bench(p+"_solo_ungated_images_per_sec", rates.ungated, "images/s")
+	r.Bench(p+"_solo_gated_over_ungated", s/rates.ungated, "ratio")
+	r.Bench(p+"_sum_over_ungated_solo", total/rates.ungated, "ratio")
 	r.Expect(overA > 1 && overB > 1, row.name+" alone", "one container alone: %.1f images/s, %.2fx container a's share "+
-		"of the pair's %.1f and %.2fx b's; the pair's sum is %.3f of solo", s, overA, total, overB, total/s)
-}
-
-// judged checks that the agent holds none of a row's containers in breach:
-// both train honestly under the interposer, so a breach is the judge wrong
-// about what the driver shows (a context larger than nvml.contextMemory
-// read as memory beyond the ledger, say), which onBreach would act on.
-func judged(a *agent, name string, cgs []*cgroup, r *Result) {
-	cs, errs, err := a.containers(cgs)
-	if err != nil {
-		r.Fail(name+" judged", "%v", err)
-		return
-	}
-	var seen []string
-	for i, c := range cs {
-		if errs[i] != nil {
-			seen = append(seen, fmt.Sprintf("container %c: %v", 'a'+i, errs[i]))
-		} else if len(c.Breaches) > 0 {
-			seen = append(seen, fmt.Sprintf("container %c in breach: %+v", 'a'+i, c.Breaches))
-		}
-	}
-	if len(seen) > 0 {
-		r.Fail(name+" judged", "%s", strings.Join(seen, "; "))
-		return
-	}
-	r.Pass(name+" judged", "the agent holds neither container in breach")
-}
-
-// scheduled is what the agent's scheduler measured each of a row's
-// containers take at one instant (ScheduledShare: its own clock).
-type scheduled struct {
-	at    time.Time
-	share [2]float64
-}
-
-// sampler reads a row's containers' ScheduledShare from the agent every
-// half second, so each window has the agent's own ratio beside images/s.
-type sampler struct {
-	mu       sync.Mutex
-	samples  []scheduled
-	done     chan struct{}
-	finished chan struct{}
-	stop     func()
-}
-
-func sampleScheduled(a *agent, cgs []*cgroup) *sampler {
-	s := &sampler{done: make(chan struct{}), finished: make(chan struct{})}
-	s.stop = sync.OnceFunc(func() { close(s.done); <-s.finished })
-	go func() {
-		defer close(s.finished)
-		t := time.NewTicker(500 * time.Millisecond)
-		defer t.Stop()
-		for {
-			select {
-			case <-s.done:
-				return
-			case now := <-t.C:
-				x := scheduled{at: now}
-				cs, errs, err := a.containers(cgs)
-				for i, c := range cs {
-					x.share[i] = c.ScheduledShare
-				}
-				if err == nil && errors.Join(errs...) == nil {
-					s.mu.Lock()
-					s.samples = append(s.samples, x)
-					s.mu.Unlock()
-				}
-			}
-		}
-	}()
-	return s
-}
-
-// ratio is b's mean share over a's among the samples taken from from to to.
-func (s *sampler) ratio(from, to time.Time) float64 {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var a, b float64
-	for _, x := range s.samples {
-		if !x.at.Before(from) && !x.at.After(to) {
-			a, b = a+x.share[0], b+x.share[1]
-		}
-	}
-	return b / math.Max(a, 1e-9)
+		"of the pair's %.1f and %.2fx b's; the pair's sum is %.3f of solo. Alone and not gated (policy native): %.1f images/s, "+
+		"of which the gate kept %.3f alone and the pair's sum is %.3f",
+		s, overA, total, overB, total/s, rates.ungated, s/rates.ungated, total/rates.ungated)
 }
 
 // rate is one trainer's images/s and device ms per s over a window.

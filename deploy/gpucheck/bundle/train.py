@@ -15,7 +15,10 @@ p.add_argument("--seconds", type=float, default=30)
 p.add_argument("--warmup", type=int, default=8)
 a = p.parse_args()
 
-torch.backends.cudnn.benchmark = True
+# cuDNN's heuristics, not its autotuner: two trainers that time algorithms
+# while sharing the GPU can pick different ones, and then their steps differ
+# in device time and their images/s no longer compare their shares.
+torch.backends.cudnn.benchmark = False
 model = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
 opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
 scaler = torch.amp.GradScaler("cuda")
