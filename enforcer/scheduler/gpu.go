@@ -28,10 +28,17 @@ const (
 	busyHold     = 300 * time.Millisecond // a container that took a ticket this recently is busy
 	// A previous owner's work drains for at most this long on the clock
 	// after its gate closed, whatever its completion marks say; while it
-	// does, the loop ticks every drainPoll, to open the next owner's gate
-	// soon after.
-	maxDrain  = 200 * time.Millisecond
-	drainPoll = time.Millisecond
+	// does, the loop looks every drainPoll for its end, to open the next
+	// owner's gate soon after (nobody's time: on an H200, where drains
+	// last 0.07-1.2 ms, a 1 ms poll left the device about 1 ms a hand-over
+	// to nobody), and every drainPollLate once it has lasted drainLong
+	// (longer than a drain of queued 2-20 ms kernels; a container that
+	// computes on the host after its last launch, without synchronizing,
+	// does not keep the loop polling at drainPoll for its 200 ms).
+	maxDrain      = 200 * time.Millisecond
+	drainPoll     = 250 * time.Microsecond
+	drainLong     = 20 * time.Millisecond
+	drainPollLate = time.Millisecond
 	// Idle containers are looked at in turns, at least this many a tick
 	// (all of them, on a GPU shared by fewer) and each at least every
 	// Config.IdlePoll: a thousand idle containers do not cost a thousand
@@ -415,8 +422,8 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 		// A busy member holds up to (members+1) slices of credit at an
 		// equal share, and in proportion to its share otherwise: the same
 		// standing for all. Credit grows in the wall time nobody is charged
-		// for (a drain's end to the next tick, about 1 ms a hand-over on an
-		// H200), so the cap is met; a cap the larger share met first handed
+		// for (a drain's end to the loop's next look: about 1 ms a hand-over
+		// on an H200 when it looked every millisecond), so the cap is met; a cap the larger share met first handed
 		// the smaller what the larger lost there (1:2 held at 1.95:1).
 		hi := slice
 		if m.busy {
@@ -444,6 +451,12 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 		}
 	} else if o == nil {
 		g.begin(g.pick(nil, now, cfg), now, cfg)
+	}
+	if g.draining != nil && g.closedAt.Equal(now) {
+		// A gate closed in this tick: an owner that waited at it with its
+		// work run has nothing to drain, and the next owner's gate opens now,
+		// not a drain poll later.
+		g.runClock(now, cfg)
 	}
 	defer g.deactivate(now)
 	if g.owner == nil {
@@ -627,6 +640,18 @@ func (m *member) ranTo(ticket uint64) (done uint64, ok bool) {
 func markTime(done uint64, now time.Time) time.Time {
 	mono := controlblock.MonotonicNs()
 	return now.Add(-time.Duration(mono - min(done, mono)))
+}
+
+// drainWait is how soon the loop looks again for the end of a drain that a
+// next owner waits for (0: none).
+func (g *gpu) drainWait(now time.Time) time.Duration {
+	switch {
+	case g.draining == nil || g.owner == nil:
+		return 0
+	case now.Sub(g.closedAt) < drainLong:
+		return drainPoll
+	}
+	return drainPollLate
 }
 
 // settleDrain ends the drain at end, seen at now: the previous owner is

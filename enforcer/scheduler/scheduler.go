@@ -52,6 +52,8 @@ import (
 	"sync"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
 	"github.com/gpuwarden/gpuwarden/enforcer/policy"
 	"github.com/gpuwarden/gpuwarden/enforcer/vocab"
@@ -435,28 +437,49 @@ func (s *Scheduler) loop(stop, done chan struct{}) {
 			return
 		case <-t.C:
 		}
-		var busy map[string]map[string]uint64
-		now := time.Now()
-		// Only a GPU whose policy does not gate launches takes its shares
-		// from the source (gated ones are charged on the loop's clock).
-		if s.cfg.Source != nil && s.ungated && now.Sub(s.lastMeas) >= s.cfg.Measure {
-			busy, _ = s.cfg.Source.Busy() // on error, shares keep their last values
+		for {
+			next := s.round()
+			if next >= time.Millisecond {
+				t.Reset(next)
+				break
+			}
+			// A drain's end is waited for in a nanosleep: the runtime's
+			// timers wake a millisecond late or more (the netpoller sleeps
+			// in whole milliseconds), and every hand-over would leave the
+			// device that much longer to nobody.
+			_ = unix.Nanosleep(&unix.Timespec{Nsec: int64(max(next, 0))}, nil)
+			select {
+			case <-stop:
+				return
+			default:
+			}
 		}
-		next := s.cfg.Tick
-		switch quiet, draining := s.tick(now, busy); {
-		case draining: // the next owner waits for the drain's end: see it soon
-			next = min(next, drainPoll)
-		case quiet:
-			next = max(next, s.cfg.IdlePoll)
-		}
-		t.Reset(next - time.Since(now))
 	}
 }
 
+// round runs one tick and says how long until the next.
+func (s *Scheduler) round() time.Duration {
+	var busy map[string]map[string]uint64
+	now := time.Now()
+	// Only a GPU whose policy does not gate launches takes its shares
+	// from the source (gated ones are charged on the loop's clock).
+	if s.cfg.Source != nil && s.ungated && now.Sub(s.lastMeas) >= s.cfg.Measure {
+		busy, _ = s.cfg.Source.Busy() // on error, shares keep their last values
+	}
+	next := s.cfg.Tick
+	switch quiet, drain := s.tick(now, busy); {
+	case drain > 0: // the next owner waits for the drain's end: see it soon
+		next = min(next, drain)
+	case quiet:
+		next = max(next, s.cfg.IdlePoll)
+	}
+	return next - time.Since(now)
+}
+
 // tick runs one round for every GPU; busy is a new measurement or nil. It
-// says whether every GPU is quiet, and whether one waits for a previous
-// owner's work to drain.
-func (s *Scheduler) tick(now time.Time, busy map[string]map[string]uint64) (quiet, draining bool) {
+// says whether every GPU is quiet, and how soon to look again where a next
+// owner waits for a previous owner's work to drain (0: none waits).
+func (s *Scheduler) tick(now time.Time, busy map[string]map[string]uint64) (quiet bool, drain time.Duration) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	full := now.Sub(s.lastLedger) >= s.cfg.Ledger
@@ -493,7 +516,9 @@ func (s *Scheduler) tick(now time.Time, busy map[string]map[string]uint64) (quie
 		g.tick(now, s.cfg)
 		quiet = quiet && g.quiet()
 		ungated = ungated || len(g.members) > 0 && !g.eff.Gated()
-		draining = draining || g.draining != nil && g.owner != nil
+		if w := g.drainWait(now); w > 0 && (drain == 0 || w < drain) {
+			drain = w
+		}
 	}
 	s.ungated = ungated
 	if now.Sub(s.lastBeat) >= s.cfg.Heartbeat {
@@ -503,7 +528,7 @@ func (s *Scheduler) tick(now time.Time, busy map[string]map[string]uint64) (quie
 			c.limits.HeartbeatAt(beat)
 		}
 	}
-	return quiet, draining
+	return quiet, drain
 }
 
 // readLedger refreshes claims, per-device reservations, pids and throttled

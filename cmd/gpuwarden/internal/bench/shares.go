@@ -106,6 +106,7 @@ func benchShares(o options, stdout io.Writer) error {
 			return fmt.Errorf("%s alone: %w", sh.name, err)
 		}
 		fmt.Fprintf(stdout, "BENCH shares_h200_%s_alone_vs_ungated_pair %.3f ratio\n", sh.name, alone.rate/free.rate)
+		var handed scheduler.SliceCounts // the shape's gated runs, summed
 		for _, sampleMs := range []int{167, 1000} {
 			m.SampleMs = sampleMs
 			for _, p := range policies {
@@ -117,6 +118,9 @@ func benchShares(o options, stdout io.Writer) error {
 						return fmt.Errorf("%s: %w", name, err)
 					}
 					ratios, rates = append(ratios, r.ratio), append(rates, r.rate)
+					handed.Handovers += r.slices.Handovers
+					handed.GapSeconds += r.slices.GapSeconds
+					handed.DrainSeconds += r.slices.DrainSeconds
 				}
 				mean, lo, hi := stats(ratios)
 				rate, _, _ := stats(rates)
@@ -133,6 +137,12 @@ func benchShares(o options, stdout io.Writer) error {
 					name, p.target, name, rate/free.rate, name, b2i(ok))
 			}
 		}
+		// What a hand-over costs: the previous owner's drain, then the
+		// device's wait for the next owner's gate to open (nobody's time).
+		if n := float64(max(handed.Handovers, 1)); handed.Handovers > 0 {
+			fmt.Fprintf(stdout, "BENCH shares_h200_%s_drain_per_handover_us %.0f us\nBENCH shares_h200_%s_gap_per_handover_us %.0f us\n",
+				sh.name, handed.DrainSeconds/n*1e6, sh.name, handed.GapSeconds/n*1e6)
+		}
 	}
 	fmt.Fprintf(stdout, "BENCH shares_rows %d rows\nBENCH shares_rows_within_budget %d rows\n", rows, within)
 	return nil
@@ -145,7 +155,10 @@ func benchShares(o options, stdout io.Writer) error {
 // where a new container's grants grow from a few launches a slice until its
 // cost per launch is measured, which a run of seconds would otherwise weigh
 // as much as hours of training do not.
-type pairResult struct{ ratio, rate float64 }
+type pairResult struct {
+	ratio, rate float64
+	slices      scheduler.SliceCounts // the GPU's hand-overs over the whole run
+}
 
 func pairRun(m simrun.Machine, gs scheduler.GPUSettings, sh sharesShape, aEnv, bEnv []string, ungated bool, secs float64, only ...string) (pairResult, error) {
 	run, err := simrun.Start(m, scheduler.Config{}, gs)
@@ -191,6 +204,7 @@ func pairRun(m simrun.Machine, gs scheduler.GPUSettings, sh sharesShape, aEnv, b
 	if !ungated {
 		res.ratio = rates["b"] / rates["a"]
 	}
+	res.slices = run.Sched.GPU(run.GPU0()).Slices
 	return res, nil
 }
 
