@@ -423,8 +423,9 @@ func (g *gpu) tick(now time.Time, cfg Config) {
 		// equal share, and in proportion to its share otherwise: the same
 		// standing for all. Credit grows in the wall time nobody is charged
 		// for (a drain's end to the loop's next look: about 1 ms a hand-over
-		// on an H200 when it looked every millisecond), so the cap is met; a cap the larger share met first handed
-		// the smaller what the larger lost there (1:2 held at 1.95:1).
+		// on an H200 when it looked every millisecond), so the cap is met;
+		// a cap the larger share met first handed the smaller what the
+		// larger lost there (1:2 held at 1.95:1).
 		hi := slice
 		if m.busy {
 			n := float64(len(g.members))

@@ -77,26 +77,32 @@ func testLedger(t *testing.T, path string, issued, done uint64) *controlblock.Us
 	return f
 }
 
+// gatedMember is a busy, waiting member with one gated device: grant
+// tickets granted, issued taken, and a completion mark for all of them
+// seen run at done (0: pending).
+func gatedMember(t *testing.T, dir, key string, grant, issued, done uint64) *member {
+	t.Helper()
+	lim, err := controlblock.CreateLimits(filepath.Join(dir, key, "limits"), controlblock.LimitsConfig{GateMask: 1, NDev: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lim.Close() })
+	if err := lim.RaiseGrant(0, grant); err != nil {
+		t.Fatal(err)
+	}
+	usage := testLedger(t, filepath.Join(dir, key, "usage"), issued, done)
+	return &member{c: &container{key: key, limits: lim, usage: usage, marks: true, eff: Settings{Weight: 1}, gated: 1},
+		lastIssued: issued, charged: issued, busy: true, waiting: true, active: true, probe: probeStart}
+}
+
 // A container whose process ends while the work of its last slice drains
 // is removed, and its ledger closed, before the drain is over. The next
 // tick read that closed ledger's completion mark, and the agent died; the
 // next owner's gate must open instead.
 func TestRemovingTheDrainingMemberEndsItsDrain(t *testing.T) {
 	dir := t.TempDir()
-	newMember := func(key string) *member {
-		lim, err := controlblock.CreateLimits(filepath.Join(dir, key, "limits"), controlblock.LimitsConfig{GateMask: 1, NDev: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { lim.Close() })
-		if err := lim.RaiseGrant(0, 8); err != nil {
-			t.Fatal(err)
-		}
-		usage := testLedger(t, filepath.Join(dir, key, "usage"), 8, 0) // its work has yet to run
-		return &member{c: &container{key: key, limits: lim, usage: usage, marks: true, eff: Settings{Weight: 1}},
-			lastIssued: 8, charged: 8, busy: true, waiting: true, active: true, probe: probeStart}
-	}
-	a, b := newMember("a"), newMember("b")
+	// 8 tickets taken and granted, their work yet to run
+	a, b := gatedMember(t, dir, "a", 8, 8, 0), gatedMember(t, dir, "b", 8, 8, 0)
 	now := time.Now()
 	cfg := Config{}
 	cfg.defaults()
@@ -128,23 +134,11 @@ func TestRemovingTheDrainingMemberEndsItsDrain(t *testing.T) {
 // an H200, had the loop waited for its next tick).
 func TestAGateClosedWithItsWorkRunOpensTheNextAtOnce(t *testing.T) {
 	dir := t.TempDir()
-	newMember := func(key string, grant, issued, done uint64) *member {
-		lim, err := controlblock.CreateLimits(filepath.Join(dir, key, "limits"), controlblock.LimitsConfig{GateMask: 1, NDev: 1})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { lim.Close() })
-		if err := lim.RaiseGrant(0, grant); err != nil {
-			t.Fatal(err)
-		}
-		usage := testLedger(t, filepath.Join(dir, key, "usage"), issued, done)
-		return &member{c: &container{key: key, limits: lim, usage: usage, marks: true, eff: Settings{Weight: 1}, gated: 1},
-			lastIssued: issued, charged: issued, busy: true, waiting: true, active: true, probe: probeStart, cost: 20e3}
-	}
 	// a took 9 tickets, 8 granted: its 9th launch waits, marked behind the
 	// 8 that ran; b waits with its second (a new gate grants one).
-	a := newMember("a", 8, 9, controlblock.MonotonicNs())
-	b := newMember("b", 1, 2, 0)
+	a := gatedMember(t, dir, "a", 8, 9, controlblock.MonotonicNs())
+	b := gatedMember(t, dir, "b", 1, 2, 0)
+	a.cost, b.cost = 20e3, 20e3 // measured: no probing
 	cfg := Config{}
 	cfg.defaults()
 	now := time.Now()

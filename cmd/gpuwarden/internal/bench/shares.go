@@ -139,7 +139,8 @@ func benchShares(o options, stdout io.Writer) error {
 		}
 		// What a hand-over costs: the previous owner's drain, then the
 		// device's wait for the next owner's gate to open (nobody's time).
-		if n := float64(max(handed.Handovers, 1)); handed.Handovers > 0 {
+		if handed.Handovers > 0 {
+			n := float64(handed.Handovers)
 			fmt.Fprintf(stdout, "BENCH shares_h200_%s_drain_per_handover_us %.0f us\nBENCH shares_h200_%s_gap_per_handover_us %.0f us\n",
 				sh.name, handed.DrainSeconds/n*1e6, sh.name, handed.GapSeconds/n*1e6)
 		}
