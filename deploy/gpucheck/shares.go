@@ -28,7 +28,10 @@ type trainer struct {
 	mu       sync.Mutex
 	at       time.Time // of the latest progress line
 	images   float64
-	deviceMs float64 // the steps' summed spans on the GPU, by CUDA events
+	deviceMs float64 // the GPU time it held: by CUPTI, or its steps' spans by CUDA events
+	busyMs   float64 // the time its kernels ran (CUPTI only)
+	judge    string  // what deviceMs is: "cupti", or "events" and why
+	dropped  string  // kernel records CUPTI lost, if any
 	final    float64 // images/s the program printed at its end
 	stderr   strings.Builder
 	ready    chan struct{}
@@ -87,15 +90,21 @@ func (t *trainer) line(l string) {
 	switch {
 	case len(f) > 0 && f[0] == "ready":
 		t.readyOnce()
-	case (len(f) == 3 || len(f) == 4) && f[0] == "progress":
-		sec, _ := strconv.ParseFloat(f[1], 64)
-		n, _ := strconv.ParseFloat(f[2], 64)
-		var dev float64
-		if len(f) == 4 {
-			dev, _ = strconv.ParseFloat(f[3], 64)
+	case len(f) >= 2 && f[0] == "devtime": // train.py
+		t.mu.Lock()
+		t.judge = strings.Join(f[1:], " ")
+		t.mu.Unlock()
+	case len(f) == 2 && f[0] == "devtime_dropped":
+		t.mu.Lock()
+		t.dropped = f[1]
+		t.mu.Unlock()
+	case len(f) >= 3 && len(f) <= 5 && f[0] == "progress":
+		var v [4]float64 // time, images, device ms, busy ms
+		for i := range f[1:] {
+			v[i], _ = strconv.ParseFloat(f[1+i], 64)
 		}
 		t.mu.Lock()
-		t.at, t.images, t.deviceMs = time.Unix(0, int64(sec*1e9)), n, dev
+		t.at, t.images, t.deviceMs, t.busyMs = time.Unix(0, int64(v[0]*1e9)), v[1], v[2], v[3]
 		t.mu.Unlock()
 	case len(f) == 2 && f[0] == "images_per_sec": // train.py
 		t.setFinal(f[1])
@@ -142,15 +151,47 @@ func (t *trainer) waitReady(ctx context.Context, timeout time.Duration) error {
 	}
 }
 
-// progress is how many images the program has trained, its device ms,
-// and when, from its latest progress line.
-func (t *trainer) progress() (time.Time, float64, float64, error) {
+// progress is how many images the program has trained, its device and
+// busy ms, and when, from its latest progress line.
+func (t *trainer) progress() (time.Time, float64, float64, float64, error) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.at.IsZero() {
-		return t.at, 0, 0, fmt.Errorf("no progress yet")
+		return t.at, 0, 0, 0, fmt.Errorf("no progress yet")
 	}
-	return t.at, t.images, t.deviceMs, nil
+	return t.at, t.images, t.deviceMs, t.busyMs, nil
+}
+
+// deviceJudge is the judge of a row's device time: CUPTI's where both
+// trainers have it, else CUDA events.
+type deviceJudge struct {
+	cupti bool
+	name  string // and why not CUPTI, and any records CUPTI lost
+}
+
+func judgeOf(ts []*trainer) deviceJudge {
+	j := deviceJudge{cupti: true, name: "CUPTI's stretches"}
+	var why, lost []string
+	for i, t := range ts {
+		t.mu.Lock()
+		if t.judge != "cupti" {
+			j.cupti = false
+			if t.judge != "" {
+				why = append(why, fmt.Sprintf("container %c: %s", 'a'+i, t.judge))
+			}
+		}
+		if t.dropped != "" {
+			lost = append(lost, fmt.Sprintf("container %c: CUPTI dropped %s records", 'a'+i, t.dropped))
+		}
+		t.mu.Unlock()
+	}
+	if !j.cupti {
+		j.name = strings.Join(append([]string{"CUDA events"}, why...), "; ")
+	}
+	if len(lost) > 0 {
+		j.name += "; " + strings.Join(lost, "; ")
+	}
+	return j
 }
 
 // finalRate waits for the program to end and returns the rate it printed.
@@ -201,8 +242,9 @@ type soloRates struct{ gated, ungated float64 }
 func (row shareRow) soloKey() string { return fmt.Sprintf("%d/%d", row.batch, row.kernelNs) }
 
 // timing says how long each phase of a row takes: the pair is measured
-// in runs back-to-back windows, then one container alone for solo, under its
-// gate and then not gated.
+// in runs windows, the weights swapped between one and the next, each after
+// a settle, then one container alone for solo, under its gate and then not
+// gated.
 type timing struct {
 	ready, settle, window, solo time.Duration
 	runs                        int
@@ -210,22 +252,26 @@ type timing struct {
 
 func (e *env) shareTiming() timing {
 	if e.o.Simulate {
-		return timing{ready: 30 * time.Second, settle: 1500 * time.Millisecond, window: 3 * time.Second, solo: 3 * time.Second, runs: 3}
+		return timing{ready: 30 * time.Second, settle: 1500 * time.Millisecond, window: 3 * time.Second, solo: 3 * time.Second, runs: 4}
 	}
 	// Five rows in about 5 minutes: each is one start of both trainers
-	// (PyTorch's start and warm-up, about 15 s), 3 windows and two solos.
-	return timing{ready: 120 * time.Second, settle: 3 * time.Second, window: 8 * time.Second, solo: 6 * time.Second, runs: 3}
+	// (PyTorch's start and warm-up, about 15 s), 4 windows and two solos.
+	// A swap of weights settles within a few of the scheduler's rounds
+	// (about 150 ms each at 1:2).
+	return timing{ready: 120 * time.Second, settle: 2 * time.Second, window: 5 * time.Second, solo: 6 * time.Second, runs: 4}
 }
 
 // rowTime is how long a row runs once both trainers are ready.
 func (tm timing) rowTime() time.Duration {
-	return 3*tm.settle + time.Duration(tm.runs)*tm.window + 2*tm.solo
+	return time.Duration(2+tm.runs)*tm.settle + time.Duration(tm.runs)*tm.window + 2*tm.solo
 }
 
 // checkShares is part 4: two containers at weights 1:2 under the agent, per
 // batch size as cGPU's table; then fixed 30/70. Each row's ratio is
-// measured 3 times, by images/s and by the device time CUDA events give
-// each step, beside one container's rate alone at the same settings.
+// measured in 4 windows, the weights swapped between one and the next, by
+// images/s and by the device time CUPTI's kernel records give each
+// container, beside one container's rate alone at the
+// same settings.
 func checkShares(ctx context.Context, e *env, r *Result) {
 	if os.Geteuid() != 0 {
 		r.Fail("root", "cgroups need root")
@@ -250,6 +296,15 @@ func checkShares(ctx context.Context, e *env, r *Result) {
 	}
 	defer a.keepLog(filepath.Join(e.o.Out, "shares-agent.log"))
 	defer a.stopFor(r)
+	var devtime []string // the trainers' environment for the CUPTI judge
+	if !e.o.Simulate {
+		lib, err := e.devtimeLib(ctx)
+		if err != nil {
+			r.Note("CUPTI's judge could not be built, so device time is judged by CUDA events: %v", err)
+		} else {
+			devtime = []string{"GPU_CHECK_DEVTIME_LIB=" + lib}
+		}
+	}
 	tm := e.shareTiming()
 	solo := map[string]soloRates{}
 	for _, row := range rows {
@@ -261,11 +316,16 @@ func checkShares(ctx context.Context, e *env, r *Result) {
 			r.Skip(row.name, "out of the part's time")
 			continue
 		}
-		e.shareRow(ctx, a, controlDir, row, tm, tolerance, solo, r)
+		e.shareRow(ctx, a, controlDir, devtime, row, tm, tolerance, solo, r)
 	}
-	r.Note("Each row: both containers warm up; their ratio is measured in %d back-to-back windows of %s (mean and spread below), "+
+	r.Note("Each row: both containers warm up; their ratio, the larger share's images/s over the smaller's, is measured in %d windows of %s (mean and spread below), "+
+		"the weights swapped between one window and the next (`gpuwarden ctl set`), so that a training whose host runs faster than the other's in its slices "+
+		"favours each share in turn and the mean judges the scheduler rather than the two processes' paces (the BENCH lines give the windows at the weights as set and swapped apart); "+
 		"then one container alone for %[3]s under its gate (its solo rate; the fixed row uses the weighted row's at the same batch) and %[3]s with its launches not gated (policy native). "+
-		"The ratio is judged twice: by images/s, and by device time, each step's span between CUDA events recorded before and after it; "+
+		"The ratio is judged twice: by images/s, and by the device time each container held: from CUPTI's kernel records, the span of each of its "+
+		"stretches of kernels on the GPU (kernels less than 5 ms apart; the other container's slice parts them), or where CUPTI is not to be had, "+
+		"each step's span between CUDA events recorded before and after it (the row says which; CUPTI also gives the time its kernels ran, the busy ratio, "+
+		"which follows each training's host pace as images/s do). "+
 		"beside them, the agent's own: the device time its scheduler's clock charged each container over the window, with the share of wall time it charged, "+
 		"its hand-overs a second, and per hand-over how long the previous owner's work drained after its gate closed and how long the device then waited for the next gate. "+
 		"Where the machine has 8 CPUs or more, each container is pinned to half of them (taskset), as a node's CPU manager gives pods cores of their own; "+
@@ -273,12 +333,12 @@ func checkShares(ctx context.Context, e *env, r *Result) {
 		"and NVML's view (its ratio of the two containers' shares, a sample stream, and the GPU's utilization). "+
 		"A row passes when its mean images/s ratio is within %.0f%% of its target here; the budget (5%%, goal 2%%) is the `_within_budget` figures.",
 		tm.runs, tm.window, tm.solo, tolerance*100)
-	r.Note("A step's span between its events includes any time the GPU gave the other container inside the step: where a step outlasts " +
-		"the gap between one container's slices (the other's slice, 50 ms or more), every step's span holds the other's slices, and the device-time ratio " +
-		"reads about 1 whatever the shares. It judges only steps that fit inside a slice; the agent's clock and images/s judge the rest.")
+	r.Note("CUDA events judge only steps that fit inside a slice: a step's span between its events includes any time the GPU gave the other container " +
+		"inside the step, so where steps outlast the other's slice the events' ratio reads about 1 whatever the shares. CUPTI's records cost each " +
+		"training some of its host pace (ResNet-50 at batch 32 alone, 2026-12-04: 37 steps/s with them, 44 without), both containers alike.")
 }
 
-func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row shareRow, tm timing, tolerance float64, solo map[string]soloRates, r *Result) {
+func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, devtime []string, row shareRow, tm timing, tolerance float64, solo map[string]soloRates, r *Result) {
 	if row.policy != "" {
 		if out, err := e.ctl(a, "gpu", "0", "--policy", row.policy, "--max-inst", "10"); err != nil {
 			r.Fail(row.name, "gpuwarden ctl gpu 0 --policy %s: %v: %s", row.policy, err, out)
@@ -296,7 +356,7 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row sha
 		}
 		defer cg.remove()
 		cgs[i] = cg
-		env := e.preloaded(controlDir, fmt.Sprintf("GPUWARDEN_COMPUTE_WEIGHT=%d", w))
+		env := e.preloaded(controlDir, append([]string{fmt.Sprintf("GPUWARDEN_COMPUTE_WEIGHT=%d", w)}, devtime...)...)
 		if ts[i], err = e.startTrainer(ctx, env, cg, trainerCPUs(i), row.batch, row.kernelNs, secs); err != nil {
 			r.Fail(row.name, "%v", err)
 			return
@@ -310,13 +370,31 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row sha
 		}
 	}
 	time.Sleep(tm.settle)
+	judge := judgeOf(ts[:])
 	p := "shares_" + row.name
-	var ratios, devRatios, agentRatios, sumA, sumB []float64
+	var byOrder [2][]float64 // the ratios of windows at the row's weights, and swapped
+	var ratios, devRatios, busyRatios, agentRatios, sumSmall, sumLarge []float64
 	var clocks []clockWindow
 	nvml := sampleNVML(a, cgs[:])
 	defer nvml.stop()
-	rowFrom := time.Now()
+	weights := [2]int{row.wa, row.wb}
 	for run := 1; run <= tm.runs; run++ {
+		// Every other window swaps the weights: a host that trains faster
+		// than the other in its slices then favours each share in turn, and
+		// the mean judges the scheduler, not the two processes' paces.
+		swapped := run%2 == 0
+		small, large := 0, 1
+		if swapped {
+			small, large = 1, 0
+		}
+		if want := [2]int{[2]int{row.wa, row.wb}[small], [2]int{row.wa, row.wb}[large]}; want != weights {
+			if err := e.setWeights(a, cgs, weights, want); err != nil {
+				r.Fail(row.name, "run %d: %v", run, err)
+				return
+			}
+			weights = want
+			time.Sleep(tm.settle)
+		}
 		x0, err := readClock(a, cgs[:])
 		if err != nil {
 			r.Fail(row.name, "run %d: the agent's scheduler: %v", run, err)
@@ -333,16 +411,28 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row sha
 			return
 		}
 		cw := clockOver(x0, x1)
+		if swapped {
+			cw.ratio = 1 / math.Max(cw.ratio, 1e-9)
+		}
 		clocks, agentRatios = append(clocks, cw), append(agentRatios, cw.ratio)
-		ratio := m[1].images / math.Max(m[0].images, 1e-9)
-		dev := m[1].device / math.Max(m[0].device, 1e-9)
-		ratios, devRatios = append(ratios, ratio), append(devRatios, dev)
-		sumA, sumB = append(sumA, m[0].images), append(sumB, m[1].images)
+		// each ratio is the larger share's over the smaller's
+		ratio := m[large].images / math.Max(m[small].images, 1e-9)
+		dev := m[large].device / math.Max(m[small].device, 1e-9)
+		busy := m[large].busy / math.Max(m[small].busy, 1e-9)
+		byOrder[btoi(swapped)] = append(byOrder[btoi(swapped)], ratio)
+		ratios, devRatios, busyRatios = append(ratios, ratio), append(devRatios, dev), append(busyRatios, busy)
+		sumSmall, sumLarge = append(sumSmall, m[small].images), append(sumLarge, m[large].images)
 		q := fmt.Sprintf("%s_run%d_", p, run)
+		r.Bench(q+"swapped", float64(btoi(swapped)), "bool")
 		r.Bench(q+"a_images_per_sec", m[0].images, "images/s")
 		r.Bench(q+"b_images_per_sec", m[1].images, "images/s")
 		r.Bench(q+"ratio", ratio, "ratio")
 		r.Bench(q+"device_ratio", dev, "ratio")
+		r.Bench(q+"a_device_held_fraction", m[0].device/1000, "ratio")
+		r.Bench(q+"b_device_held_fraction", m[1].device/1000, "ratio")
+		if judge.cupti {
+			r.Bench(q+"busy_ratio", busy, "ratio")
+		}
 		r.Bench(q+"agent_ratio", cw.ratio, "ratio")
 		r.Bench(q+"agent_charged_fraction", cw.charged, "ratio")
 		r.Bench(q+"handovers_per_sec", cw.handoversPerSec, "1/s")
@@ -354,26 +444,35 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row sha
 			r.Bench(fmt.Sprintf("%s%c_throttled_fraction", q, c), cw.throttled[i], "ratio")
 		}
 		if nv, ok := nvml.over(x0.at, x1.at); ok {
-			r.Bench(q+"nvml_ratio", nv.share[1]/math.Max(nv.share[0], 1e-9), "ratio")
+			r.Bench(q+"nvml_ratio", nv.share[large]/math.Max(nv.share[small], 1e-9), "ratio")
 			r.Bench(q+"nvml_device_utilization", nv.util, "ratio")
 		}
 	}
-	ra, rb := meanOf(sumA), meanOf(sumB)
+	ra, rb := meanOf(sumSmall), meanOf(sumLarge)
 	mean, sd := meanOf(ratios), sdOf(ratios)
 	devMean, devSD := meanOf(devRatios), sdOf(devRatios)
-	r.Bench(p+"_a_images_per_sec", ra, "images/s")
-	r.Bench(p+"_b_images_per_sec", rb, "images/s")
+	judge = judgeOf(ts[:]) // with any records CUPTI lost in the windows
+	r.Bench(p+"_small_share_images_per_sec", ra, "images/s")
+	r.Bench(p+"_large_share_images_per_sec", rb, "images/s")
 	r.Bench(p+"_ratio", mean, "ratio")
+	for i, order := range []string{"as_set", "swapped"} {
+		if len(byOrder[i]) > 0 {
+			r.Bench(p+"_ratio_"+order, meanOf(byOrder[i]), "ratio")
+		}
+	}
 	r.Bench(p+"_ratio_sd", sd, "ratio")
 	r.Bench(p+"_ratio_min", slices.Min(ratios), "ratio")
 	r.Bench(p+"_ratio_max", slices.Max(ratios), "ratio")
 	r.Bench(p+"_device_ratio", devMean, "ratio")
 	r.Bench(p+"_device_ratio_sd", devSD, "ratio")
+	r.Bench(p+"_device_judge_cupti", float64(btoi(judge.cupti)), "bool")
+	busyNote := ""
+	if judge.cupti {
+		r.Bench(p+"_busy_ratio", meanOf(busyRatios), "ratio")
+		busyNote = fmt.Sprintf("; its kernels ran %s as long", joinFloats(busyRatios))
+	}
 	r.Bench(p+"_agent_ratio", meanOf(agentRatios), "ratio")
 	r.Bench(p+"_agent_ratio_sd", sdOf(agentRatios), "ratio")
-	if nv, ok := nvml.over(rowFrom, time.Now()); ok {
-		r.Bench(p+"_nvml_ratio", nv.share[1]/math.Max(nv.share[0], 1e-9), "ratio")
-	}
 	r.Bench(p+"_target_ratio", row.target, "ratio")
 	r.Bench(p+"_within_budget", float64(btoi(math.Abs(mean/row.target-1) <= 0.05)), "bool")
 	r.Bench(p+"_within_goal", float64(btoi(math.Abs(mean/row.target-1) <= 0.02)), "bool")
@@ -381,9 +480,10 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row sha
 	r.Bench(p+"_device_within_goal", float64(btoi(math.Abs(devMean/row.target-1) <= 0.02)), "bool")
 	judged(a, row.name, cgs[:], r)
 	r.Expect(math.Abs(mean/row.target-1) <= tolerance, row.name,
-		"weights %d:%d: %.1f and %.1f images/s, ratio %.3f mean of %s (sd %.3f; target %.3f); by device time %.3f (sd %.3f); by the agent's clock %s, "+
+		"weights %d:%d, swapped every other window: %.1f and %.1f images/s, the larger share's over the smaller's %.3f mean of %s (sd %.3f; target %.3f; %.3f at the weights as set, %.3f swapped); "+
+			"by device time held (%s) %.3f mean of %s (sd %.3f)%s; by the agent's clock %s, "+
 			"which charged %s of wall time, with %s hand-overs/s, each drained %s ms and waited %s ms (%d drains capped)",
-		row.wa, row.wb, ra, rb, mean, joinFloats(ratios), sd, row.target, devMean, devSD, joinFloats(agentRatios),
+		row.wa, row.wb, ra, rb, mean, joinFloats(ratios), sd, row.target, meanOf(byOrder[0]), meanOf(byOrder[1]), judge.name, devMean, joinFloats(devRatios), devSD, busyNote, joinFloats(agentRatios),
 		joinFloats(clockField(clocks, func(c clockWindow) float64 { return c.charged })),
 		joinFloats(clockField(clocks, func(c clockWindow) float64 { return c.handoversPerSec })),
 		joinFloats(clockField(clocks, func(c clockWindow) float64 { return c.drainMs })),
@@ -449,29 +549,29 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, row sha
 	r.Bench(p+"_solo_ungated_images_per_sec", rates.ungated, "images/s")
 	r.Bench(p+"_solo_gated_over_ungated", s/rates.ungated, "ratio")
 	r.Bench(p+"_sum_over_ungated_solo", total/rates.ungated, "ratio")
-	r.Expect(overA > 1 && overB > 1, row.name+" alone", "one container alone: %.1f images/s, %.2fx container a's share "+
-		"of the pair's %.1f and %.2fx b's; the pair's sum is %.3f of solo. Alone and not gated (policy native): %.1f images/s, "+
+	r.Expect(overA > 1 && overB > 1, row.name+" alone", "one container alone: %.1f images/s, %.2fx the smaller share "+
+		"of the pair's %.1f and %.2fx the larger; the pair's sum is %.3f of solo. Alone and not gated (policy native): %.1f images/s, "+
 		"of which the gate kept %.3f alone and the pair's sum is %.3f",
 		s, overA, total, overB, total/s, rates.ungated, s/rates.ungated, total/rates.ungated)
 }
 
-// rate is one trainer's images/s and device ms per s over a window.
-type rate struct{ images, device float64 }
+// rate is one trainer's images/s, and device and busy ms per s, over a window.
+type rate struct{ images, device, busy float64 }
 
 // measure is each trainer's rates over the same window.
 func measure(ctx context.Context, ts []*trainer, window time.Duration) ([]rate, error) {
 	type mark struct {
-		at          time.Time
-		images, dev float64
+		at                time.Time
+		images, dev, busy float64
 	}
 	snap := func() ([]mark, error) {
 		var out []mark
 		for i, t := range ts {
-			at, n, dev, err := t.progress()
+			at, n, dev, busy, err := t.progress()
 			if err != nil {
 				return nil, fmt.Errorf("container %c: %w", 'a'+i, err)
 			}
-			out = append(out, mark{at, n, dev})
+			out = append(out, mark{at, n, dev, busy})
 		}
 		return out, nil
 	}
@@ -491,7 +591,7 @@ func measure(ctx context.Context, ts []*trainer, window time.Duration) ([]rate, 
 	rates := make([]rate, len(ts))
 	for i := range ts {
 		if dt := m1[i].at.Sub(m0[i].at).Seconds(); dt > 0 {
-			rates[i] = rate{(m1[i].images - m0[i].images) / dt, (m1[i].dev - m0[i].dev) / dt}
+			rates[i] = rate{(m1[i].images - m0[i].images) / dt, (m1[i].dev - m0[i].dev) / dt, (m1[i].busy - m0[i].busy) / dt}
 		}
 	}
 	return rates, nil
@@ -523,4 +623,20 @@ func joinFloats(v []float64) string {
 		s = append(s, strconv.FormatFloat(x, 'f', 3, 64))
 	}
 	return strings.Join(s, ", ")
+}
+
+// setWeights moves a row's two containers from weights from to to, the
+// one that lowers first: under the fixed policy the weights are shares of
+// the GPU's instances, and raising first would ask for more than there is.
+func (e *env) setWeights(a *agent, cgs [2]*cgroup, from, to [2]int) error {
+	order := []int{0, 1}
+	if to[0] > from[0] {
+		order = []int{1, 0}
+	}
+	for _, i := range order {
+		if out, err := e.ctl(a, "set", cgs[i].rel, "--weight", strconv.Itoa(to[i])); err != nil {
+			return fmt.Errorf("gpuwarden ctl set %s --weight %d: %v: %s", cgs[i].rel, to[i], err, out)
+		}
+	}
+	return nil
 }
