@@ -126,6 +126,28 @@ func TestAgentSetsGracePeriod(t *testing.T) {
 	})
 }
 
+// TestAgentSetsTimeSlice: enforcement.timeSlice is the scheduler's slice:
+// two busy containers hand the GPU over about 2.5 times a second at 400 ms
+// (20 at the default 50 ms).
+func TestAgentSetsTimeSlice(t *testing.T) {
+	simtest.RequirePrivileged(t, "eBPF and cgroups")
+	m := simtest.NewMachine(t, 1, "16Gi")
+	agent := simtest.StartAgent(t, m, "GPUWARDEN_ENFORCEMENT_TIME_SLICE=400ms")
+	a, b := startEnforced(t, m, agent, "slice-a"), startEnforced(t, m, agent, "slice-b")
+	wantTargets(t, agent, 10*time.Second, map[*simtest.Cgroup]float64{a: 0.5, b: 0.5})
+	handovers := func() (uint64, time.Time) {
+		var gpu agentapi.GPUInfo
+		agent.GetJSON(t, "/api/v1/gpus/0", &gpu)
+		return gpu.Slices.Handovers, time.Now()
+	}
+	n0, t0 := handovers()
+	time.Sleep(4 * time.Second)
+	n1, t1 := handovers()
+	if perSec := float64(n1-n0) / t1.Sub(t0).Seconds(); perSec <= 0 || perSec > 5 {
+		t.Errorf("%.1f hand-overs a second, want 0-5 (slices of 400 ms: about 2.5)", perSec)
+	}
+}
+
 func TestCtlRefusesBadChanges(t *testing.T) {
 	simtest.RequirePrivileged(t, "eBPF and cgroups")
 	m := simtest.NewMachine(t, 1, "16Gi")

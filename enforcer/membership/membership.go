@@ -24,6 +24,7 @@ type Config struct {
 	ControlDir  string
 	GracePeriod time.Duration // the interposer's grace before a gate closes
 	MaxInst     int           // the default max_inst of every GPU
+	TimeSlice   time.Duration // the scheduler's slice (0: its default)
 	Settings    *settings.Store
 	// NVML measures device time per launch; nil: not measured.
 	NVML *nvmldev.Reader
@@ -90,7 +91,7 @@ func Start(cfg Config) *Members {
 		e.node = cfg.NVML.UUIDs
 	}
 	// Claims and throttled time change slowly: their ledgers are read every 2 s.
-	e.s = scheduler.New(scheduler.Config{Source: src, Ledger: 2 * time.Second, MaxInst: cfg.MaxInst})
+	e.s = scheduler.New(scheduler.Config{Source: src, Ledger: 2 * time.Second, MaxInst: cfg.MaxInst, Slice: cfg.TimeSlice})
 	node, _ := e.NodeGPUs()
 	saved, unknown := cfg.Settings.GPUSettings(node)
 	if len(unknown) > 0 {

@@ -25,7 +25,8 @@ func (a *Agent) startEnforcement(resolver *cgroups.Resolver, verifier *ledgertru
 	}
 	cfg := membership.Config{
 		ControlDir: a.cfg.ControlDir, GracePeriod: a.cfg.Enforcement.GracePeriod, MaxInst: a.cfg.DevicePlugin.MaxInst,
-		Settings: store, SetSlots: a.setSlots, Log: a.log,
+		TimeSlice: a.cfg.Enforcement.TimeSlice,
+		Settings:  store, SetSlots: a.setSlots, Log: a.log,
 		Verify: func(dir string, u *controlblock.UsageSnapshot) (string, error) {
 			return verifier.Verify(dir, u, a.coll.Assigned())
 		},

@@ -62,6 +62,7 @@ type Config struct {
 		APITokenFile string        `mapstructure:"apiTokenFile"`
 		StateFile    string        `mapstructure:"stateFile"`
 		GracePeriod  time.Duration `mapstructure:"gracePeriod"`
+		TimeSlice    time.Duration `mapstructure:"timeSlice"`
 	} `mapstructure:"enforcement"`
 	Kubelet struct {
 		PodResourcesSocket string `mapstructure:"podResourcesSocket"`
@@ -155,6 +156,7 @@ var options = []option{
 	{"enforcement.apiTokenFile", "/run/gpuwarden-agent/token", "", "the token `gpuwarden ctl` must present to change limits (made at start, mode 0600); changes are taken only from loopback"},
 	{"enforcement.stateFile", "/var/lib/gpuwarden/settings.json", "", "where changes made with `gpuwarden ctl` are kept, so they outlive an agent restart"},
 	{"enforcement.gracePeriod", 10 * time.Second, "", "how long the interposer keeps the last launch budgets after the agent stops answering, before it runs ungated (1s-1h; memory limits hold regardless)"},
+	{"enforcement.timeSlice", 50 * time.Millisecond, "", "how long a container holds a GPU before the next one waiting gets it (10ms-1s; longer where kernels are long, so that a slice holds several): shorter slices make a waiting container wait less, longer ones switch the GPU less often, and every switch costs a little of the device and of a host-bound training's pace. Shares hold at any length"},
 	{"kubelet.podResourcesSocket", "/var/lib/kubelet/pod-resources/kubelet.sock", "", "the kubelet's pod-resources socket, for pod and container labels; a missing socket means no Kubernetes labels"},
 	{"devicePlugin.enabled", false, "", "serve the kubelet device plugin: gpuwarden.io/gpu (slots) and gpuwarden.io/gpu-memory (GiB) on each GPU"},
 	{"devicePlugin.maxInst", policy.DefaultMaxInst, "", "each GPU's max_inst, 1-128, on and off Kubernetes: the device plugin's slots (gpuwarden.io/gpu devices) on it, a slot's memory quota being the GPU's memory / maxInst, and the 1/maxInst that policies fair-share and fixed give; `gpuwarden ctl gpu N --max-inst` changes one GPU's"},
@@ -356,6 +358,9 @@ func (c Config) Validate() error {
 	}
 	if g := c.Enforcement.GracePeriod; g < time.Second || g > time.Hour {
 		errs = append(errs, fmt.Errorf("enforcement.gracePeriod %v: want 1s-1h (a dead agent must not stop the workloads for long)", g))
+	}
+	if s := c.Enforcement.TimeSlice; s < 10*time.Millisecond || s > time.Second {
+		errs = append(errs, fmt.Errorf("enforcement.timeSlice %v: want 10ms-1s (shorter switches the GPU faster than a hand-over takes; longer keeps a waiting container from the GPU for seconds)", s))
 	}
 	switch c.Enforcement.OnBreach {
 	case onbreach.Report, onbreach.Freeze, onbreach.Kill:

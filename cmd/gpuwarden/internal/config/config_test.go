@@ -88,6 +88,8 @@ func TestRefusesBadConfig(t *testing.T) {
 		{"unclean breach scope", "", []string{"GPUWARDEN_ENFORCEMENT_BREACH_SCOPE=/kubepods/../system.slice"}, `enforcement.breachScope "/kubepods/../system.slice"`},
 		{"grace period 0", "enforcement:\n  gracePeriod: 0s\n", nil, "enforcement.gracePeriod 0s"},
 		{"grace period too long", "", []string{"GPUWARDEN_ENFORCEMENT_GRACE_PERIOD=2h"}, "enforcement.gracePeriod 2h0m0s"},
+		{"time slice too short", "enforcement:\n  timeSlice: 1ms\n", nil, "enforcement.timeSlice 1ms"},
+		{"time slice too long", "", []string{"GPUWARDEN_ENFORCEMENT_TIME_SLICE=2s"}, "enforcement.timeSlice 2s"},
 		{"negative controlDirGrace", "", []string{"GPUWARDEN_CONTROL_DIR_GRACE=-1s"}, "controlDirGrace -1s is negative"},
 		{"bad listen", "", []string{"GPUWARDEN_HTTP_LISTEN=9477"}, "http.listen"},
 		{"bad log level", "", []string{"GPUWARDEN_LOG_LEVEL=loud"}, "log.level"},
