@@ -12,7 +12,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/deploy/gpucheck"
 )
 
-const gpuCheckUsage = `usage: gpuwarden gpu-check --bundle DIR [--simulate] [--budget 9m] [--cuda-include DIR] [--python python3] [--parts 1,3] OUTDIR
+const gpuCheckUsage = `usage: gpuwarden gpu-check --bundle DIR [--simulate] [--budget 9m] [--cuda-include DIR] [--python python3] [--parts 1,3] [--time-slice 50ms] OUTDIR
 
 Runs the real-GPU check from a bundle built by 'make gpu-check' (its run.sh
 calls this) and writes OUTDIR/report.md, OUTDIR/declarations.md and
@@ -29,6 +29,7 @@ func runGPUCheck(args []string, stdout, stderr io.Writer) int {
 	fs.DurationVar(&o.Budget, "budget", 0, "the whole run's time (default 9m; 4m with --simulate)")
 	fs.StringVar(&o.CUDAInclude, "cuda-include", "", "directory of NVIDIA's cuda.h and nvml.h (default: beside nvcc)")
 	fs.StringVar(&o.Python, "python", "", "the Python that has PyTorch (default python3)")
+	fs.DurationVar(&o.TimeSlice, "time-slice", 0, "the agent's enforcement.timeSlice (default: its own, 50ms)")
 	fs.Func("parts", "run only these parts, e.g. 1,3 (default: all)", func(v string) error {
 		for _, f := range strings.Split(v, ",") {
 			n, err := strconv.Atoi(strings.TrimSpace(f))

@@ -419,6 +419,9 @@ func (e *env) startAgent(ctx context.Context, controlDir string, settings ...str
 	env := append(e.baseEnv(), "GPUWARDEN_CONTROL_DIR="+controlDir, "GPUWARDEN_EBPF_PIN_DIR=",
 		"GPUWARDEN_KUBELET_POD_RESOURCES_SOCKET=", "GPUWARDEN_ENFORCEMENT_API_TOKEN_FILE="+a.token,
 		"GPUWARDEN_ENFORCEMENT_STATE_FILE="+filepath.Join(dir, "settings.json"))
+	if e.o.TimeSlice > 0 {
+		env = append(env, "GPUWARDEN_ENFORCEMENT_TIME_SLICE="+e.o.TimeSlice.String())
+	}
 	if e.o.Simulate {
 		env = append(env, "GPUWARDEN_NVML_LIBRARY="+e.bundlePath("simgpu", "libnvidia-ml.so.1"),
 			"GPUWARDEN_EBPF_LIBRARIES="+e.bundlePath("simgpu", "libcuda.so.1"), "GPUWARDEN_EBPF_LDCONFIG_SONAME=")

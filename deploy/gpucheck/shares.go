@@ -305,6 +305,9 @@ func checkShares(ctx context.Context, e *env, r *Result) {
 			devtime = []string{"GPU_CHECK_DEVTIME_LIB=" + lib}
 		}
 	}
+	if e.o.TimeSlice > 0 {
+		r.Note("The agent ran with enforcement.timeSlice %s (--time-slice).", e.o.TimeSlice)
+	}
 	tm := e.shareTiming()
 	solo := map[string]soloRates{}
 	for _, row := range rows {
