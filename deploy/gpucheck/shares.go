@@ -270,8 +270,7 @@ func (tm timing) rowTime() time.Duration {
 // batch size as cGPU's table; then fixed 30/70. Each row's ratio is
 // measured in 4 windows, the weights swapped between one and the next, by
 // images/s and by the device time CUPTI's kernel records give each
-// container, beside one container's rate alone at the
-// same settings.
+// container, beside one container's rate alone at the same settings.
 func checkShares(ctx context.Context, e *env, r *Result) {
 	if os.Geteuid() != 0 {
 		r.Fail("root", "cgroups need root")
@@ -386,11 +385,11 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, devtime
 		// than the other in its slices then favours each share in turn, and
 		// the mean judges the scheduler, not the two processes' paces.
 		swapped := run%2 == 0
-		small, large := 0, 1
+		small, large, want := 0, 1, [2]int{row.wa, row.wb}
 		if swapped {
-			small, large = 1, 0
+			small, large, want = 1, 0, [2]int{row.wb, row.wa}
 		}
-		if want := [2]int{[2]int{row.wa, row.wb}[small], [2]int{row.wa, row.wb}[large]}; want != weights {
+		if want != weights {
 			if err := e.setWeights(a, cgs, weights, want); err != nil {
 				r.Fail(row.name, "run %d: %v", run, err)
 				return
@@ -451,12 +450,12 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, devtime
 			r.Bench(q+"nvml_device_utilization", nv.util, "ratio")
 		}
 	}
-	ra, rb := meanOf(sumSmall), meanOf(sumLarge)
+	rSmall, rLarge := meanOf(sumSmall), meanOf(sumLarge)
 	mean, sd := meanOf(ratios), sdOf(ratios)
 	devMean, devSD := meanOf(devRatios), sdOf(devRatios)
 	judge = judgeOf(ts[:]) // with any records CUPTI lost in the windows
-	r.Bench(p+"_small_share_images_per_sec", ra, "images/s")
-	r.Bench(p+"_large_share_images_per_sec", rb, "images/s")
+	r.Bench(p+"_small_share_images_per_sec", rSmall, "images/s")
+	r.Bench(p+"_large_share_images_per_sec", rLarge, "images/s")
 	r.Bench(p+"_ratio", mean, "ratio")
 	for i, order := range []string{"as_set", "swapped"} {
 		if len(byOrder[i]) > 0 {
@@ -486,7 +485,7 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, devtime
 		"weights %d:%d, swapped every other window: %.1f and %.1f images/s, the larger share's over the smaller's %.3f mean of %s (sd %.3f; target %.3f; %.3f at the weights as set, %.3f swapped); "+
 			"by device time held (%s) %.3f mean of %s (sd %.3f)%s; by the agent's clock %s, "+
 			"which charged %s of wall time, with %s hand-overs/s, each drained %s ms and waited %s ms (%d drains capped)",
-		row.wa, row.wb, ra, rb, mean, joinFloats(ratios), sd, row.target, meanOf(byOrder[0]), meanOf(byOrder[1]), judge.name, devMean, joinFloats(devRatios), devSD, busyNote, joinFloats(agentRatios),
+		row.wa, row.wb, rSmall, rLarge, mean, joinFloats(ratios), sd, row.target, meanOf(byOrder[0]), meanOf(byOrder[1]), judge.name, devMean, joinFloats(devRatios), devSD, busyNote, joinFloats(agentRatios),
 		joinFloats(clockField(clocks, func(c clockWindow) float64 { return c.charged })),
 		joinFloats(clockField(clocks, func(c clockWindow) float64 { return c.handoversPerSec })),
 		joinFloats(clockField(clocks, func(c clockWindow) float64 { return c.drainMs })),
@@ -542,7 +541,7 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, devtime
 	}
 	// Alone, each would take more than its share of what the pair gets:
 	// the row tests the scheduler, not a container's own limit.
-	total := ra + rb
+	total := rSmall + rLarge
 	shareA, shareB := float64(row.wa)/float64(row.wa+row.wb), float64(row.wb)/float64(row.wa+row.wb)
 	overA, overB := s/(shareA*total), s/(shareB*total)
 	r.Bench(p+"_solo_images_per_sec", s, "images/s")
