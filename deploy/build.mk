@@ -21,12 +21,13 @@ TEST_EXTRA += chart-test
 # lib/launch-shim-{tail,add,lock}.so are part 5's three launch wrappers.
 GPU_CHECK     := $(BIN)/gpu-check
 GPU_CHECK_MAX := 62914560 # 60 MiB
+DEPS_TEST     += python3 # part 4's host-pace row runs in --simulate too
 
 .PHONY: gpu-check
 gpu-check: build ## Build the real-GPU check's bundle into bin/gpu-check (run.sh OUTDIR runs it)
 	@rm -rf $(GPU_CHECK) && mkdir -p $(GPU_CHECK)/bin $(GPU_CHECK)/lib $(GPU_CHECK)/tools $(GPU_CHECK)/simgpu $(GPU_CHECK)/include/simgpu $(GPU_CHECK)/src
 	cp deploy/gpucheck/bundle/run.sh $(GPU_CHECK)/
-	cp deploy/gpucheck/bundle/cuda_paths.cu deploy/gpucheck/bundle/devtime.c deploy/gpucheck/bundle/train.py deploy/gpucheck/bundle/torch_quota.py $(GPU_CHECK)/src/
+	cp deploy/gpucheck/bundle/cuda_paths.cu deploy/gpucheck/bundle/devtime.c deploy/gpucheck/bundle/train.py deploy/gpucheck/bundle/hostpace.py deploy/gpucheck/bundle/torch_quota.py $(GPU_CHECK)/src/
 	cp $(BIN)/gpuwarden $(GPU_CHECK)/bin/
 	cp $(BIN)/libgpuwarden.so $(GPU_CHECK)/lib/
 	cp $(BIN)/simgpu/libcuda.so.1 $(BIN)/simgpu/libnvidia-ml.so.1 $(BIN)/simgpu/workload $(GPU_CHECK)/simgpu/

@@ -78,6 +78,7 @@ func TestSimulationMode(t *testing.T) {
 		regexp.MustCompile(`\| driver API: vmm \| pass \|`),
 		regexp.MustCompile(`\| PyTorch \| skipped \| simulation mode: needs NVIDIA's driver and PyTorch`),
 		regexp.MustCompile(`\| bytes in probe-b \| pass \| agent saw 3 GiB from "ebpf"`),
+		regexp.MustCompile(`\| host_pace \| pass \| Python work at the duty cycles of weights 1:2 with 50ms slices`),
 		regexp.MustCompile(`\| weighted_1to2_k2ms \| pass \|`),
 		regexp.MustCompile(`\| weighted_1to2_k2ms judged \| pass \| the agent holds neither container in breach`),
 	} {
@@ -106,6 +107,13 @@ func TestSimulationMode(t *testing.T) {
 		t.Errorf("bench.txt lacks the weighted row's agent ratio")
 	} else if v, _ := strconv.ParseFloat(string(m[1]), 64); v < 1.3 || v > 2.7 {
 		t.Errorf("the agent's clock measured the weighted row at %.3f; want about 2", v)
+	}
+	// The host-pace row measured both roles: a ratio far from 1 would say
+	// one role's work or length was miscounted, not the host.
+	if m := regexp.MustCompile(`(?m)^BENCH gpucheck_shares_host_pace_large_over_small ([0-9.]+) `).FindSubmatch(bench); m == nil {
+		t.Errorf("bench.txt lacks the host-pace row's ratio")
+	} else if v, _ := strconv.ParseFloat(string(m[1]), 64); v < 0.5 || v > 2 {
+		t.Errorf("the host-pace row measured the larger role at %.3f the smaller's pace; want about 1", v)
 	}
 	// The calibration's profile carries the launch's host time as simgpu
 	// models it: on simgpu's h200 model, at least the model's own.

@@ -59,6 +59,9 @@ import (
 	"github.com/gpuwarden/gpuwarden/enforcer/vocab"
 )
 
+// DefaultSlice is Config.Slice's default, the agent's enforcement.timeSlice.
+const DefaultSlice = 50 * time.Millisecond
+
 // Config tunes the loop. Zero values take the defaults.
 type Config struct {
 	Source    Source        // device time per container, for the achieved share where launches are not gated; nil: none
@@ -79,7 +82,7 @@ func (c *Config) defaults() {
 		}
 	}
 	def(&c.Tick, 5*time.Millisecond)
-	def(&c.Slice, 50*time.Millisecond)
+	def(&c.Slice, DefaultSlice)
 	def(&c.Lookahead, 10*time.Millisecond)
 	def(&c.Measure, 100*time.Millisecond)
 	def(&c.Heartbeat, 100*time.Millisecond)
