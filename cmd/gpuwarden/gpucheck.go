@@ -12,7 +12,7 @@ import (
 	"github.com/gpuwarden/gpuwarden/deploy/gpucheck"
 )
 
-const gpuCheckUsage = `usage: gpuwarden gpu-check --bundle DIR [--simulate] [--budget 9m] [--cuda-include DIR] [--python python3] [--parts 1,3] [--time-slice 50ms] OUTDIR
+const gpuCheckUsage = `usage: gpuwarden gpu-check --bundle DIR [--simulate] [--budget 9m] [--cuda-include DIR] [--python python3] [--parts 1,3] [--rows batch64,fixed] [--time-slice 50ms] OUTDIR
 
 Runs the real-GPU check from a bundle built by 'make gpu-check' (its run.sh
 calls this) and writes OUTDIR/report.md, OUTDIR/declarations.md and
@@ -37,6 +37,15 @@ func runGPUCheck(args []string, stdout, stderr io.Writer) int {
 				return fmt.Errorf("want part numbers 1-%d, got %q", gpucheck.PartCount(), f)
 			}
 			o.Parts = append(o.Parts, n)
+		}
+		return nil
+	})
+	fs.Func("rows", "run only part 4's rows whose names contain one of these words, e.g. host_pace,batch64 (default: all)", func(v string) error {
+		for _, f := range strings.Split(v, ",") {
+			if f = strings.TrimSpace(f); f == "" {
+				return fmt.Errorf("want words of part 4's row names, got an empty one in %q", v)
+			}
+			o.Rows = append(o.Rows, f)
 		}
 		return nil
 	})

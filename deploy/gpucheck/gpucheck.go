@@ -32,6 +32,7 @@ type Options struct {
 	CUDAInclude string        // NVIDIA's headers; empty: found beside nvcc or in /usr/local/cuda
 	Python      string        // the Python that has PyTorch; empty: python3
 	Parts       []int         // the parts to run (1-6); empty: all
+	Rows        []string      // part 4's rows to run: those whose names contain one of these; empty: all
 	TimeSlice   time.Duration // the agents' enforcement.timeSlice; 0: its default
 	Log         io.Writer     // progress lines
 }

@@ -48,3 +48,23 @@ func TestParseHostPacePoolsEachRole(t *testing.T) {
 		}
 	}
 }
+
+// --rows picks part 4's rows by words of their names; none picks all.
+func TestRowAskedByWordsOfItsName(t *testing.T) {
+	for _, c := range []struct {
+		words []string
+		name  string
+		want  bool
+	}{
+		{nil, "weighted_1to2_batch64", true},
+		{[]string{"batch64"}, "weighted_1to2_batch64", true},
+		{[]string{"batch64"}, "fixed_30_70_batch64", true},
+		{[]string{"batch64"}, "weighted_1to2_batch128", false},
+		{[]string{"host_pace", "batch128"}, "host_pace", true},
+		{[]string{"host_pace", "batch128"}, "weighted_1to2_batch16", false},
+	} {
+		if got := rowAsked(c.words, c.name); got != c.want {
+			t.Errorf("rowAsked(%q, %q) = %v, want %v", c.words, c.name, got, c.want)
+		}
+	}
+}

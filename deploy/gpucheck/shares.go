@@ -265,6 +265,12 @@ func (e *env) shareTiming() timing {
 	return timing{ready: 120 * time.Second, settle: time.Second, window: 3 * time.Second, solo: 6 * time.Second, runs: 8}
 }
 
+// rowAsked says whether --rows asks for the row name: none asks for all,
+// else a row whose name contains one of the words.
+func rowAsked(words []string, name string) bool {
+	return len(words) == 0 || slices.ContainsFunc(words, func(w string) bool { return strings.Contains(name, w) })
+}
+
 // rowTime is how long a row runs once both trainers are ready.
 func (tm timing) rowTime() time.Duration {
 	return time.Duration(2+tm.runs)*tm.settle + time.Duration(tm.runs)*tm.window + 2*tm.solo
@@ -313,10 +319,18 @@ func checkShares(ctx context.Context, e *env, r *Result) {
 		slice = e.o.TimeSlice
 		r.Note("The agent ran with enforcement.timeSlice %s (--time-slice).", e.o.TimeSlice)
 	}
-	e.checkHostPace(ctx, r, slice)
+	if rowAsked(e.o.Rows, "host_pace") {
+		e.checkHostPace(ctx, r, slice)
+	} else {
+		r.Skip("host_pace", "not asked for (--rows)")
+	}
 	tm := e.shareTiming()
 	solo := map[string]soloRates{}
 	for _, row := range rows {
+		if !rowAsked(e.o.Rows, row.name) {
+			r.Skip(row.name, "not asked for (--rows)")
+			continue
+		}
 		if a.exited() != nil { // stopFor says why
 			r.Skip(row.name, "the agent has exited")
 			continue
