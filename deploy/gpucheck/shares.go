@@ -255,7 +255,7 @@ func (e *env) shareTiming() timing {
 	if e.o.Simulate {
 		return timing{ready: 30 * time.Second, settle: 1500 * time.Millisecond, window: 3 * time.Second, solo: 3 * time.Second, runs: 4}
 	}
-	// Five rows in about 5 minutes: each is one start of both trainers
+	// Five rows in about 5 and a half minutes: each is one start of both trainers
 	// (PyTorch's start and warm-up, about 15 s), 8 windows and two solos.
 	// A swap of weights settles within a few of the scheduler's rounds
 	// (about 150 ms each at 1:2). Many short windows rather than a few
