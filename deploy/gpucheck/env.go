@@ -11,6 +11,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"time"
@@ -142,12 +143,50 @@ func (e *env) describeMachine() []string {
 	if e.libcuda != "" {
 		out = append(out, "libcuda.so.1: "+e.libcuda+" (not in ldconfig's cache: added to LD_LIBRARY_PATH)")
 	}
+	out = append(out, "CPUs: "+describeCPUs("/sys/devices/system/cpu", runtime.NumCPU()))
 	if !e.o.Simulate {
 		if v, err := exec.Command(e.python(), "-c", "import torch,torchvision;print(torch.__version__, torchvision.__version__, torch.version.cuda)").Output(); err == nil {
 			out = append(out, "PyTorch, torchvision, CUDA runtime: "+strings.TrimSpace(string(v)))
 		}
 	}
 	return out
+}
+
+// describeCPUs says what part 4's host row depends on: how many CPUs, which
+// share a core with cpu1 (the first trainer's), and how the kernel clocks
+// and idles them, from sysfs at root.
+func describeCPUs(root string, n int) string {
+	read := func(p string) string {
+		b, err := os.ReadFile(filepath.Join(root, p))
+		if err != nil {
+			return ""
+		}
+		return strings.TrimSpace(string(b))
+	}
+	or := func(s, none string) string {
+		if s == "" {
+			return none
+		}
+		return s
+	}
+	freq := "none"
+	if d := read("cpu0/cpufreq/scaling_driver"); d != "" {
+		freq = d + ", governor " + or(read("cpu0/cpufreq/scaling_governor"), "unknown")
+	}
+	var states []string
+	for i := 0; ; i++ {
+		name := read(fmt.Sprintf("cpu0/cpuidle/state%d/name", i))
+		if name == "" {
+			break
+		}
+		if lat := read(fmt.Sprintf("cpu0/cpuidle/state%d/latency", i)); lat != "" {
+			name += " (" + lat + " µs)"
+		}
+		states = append(states, name)
+	}
+	return fmt.Sprintf("%d, cpu1's core runs CPUs %s; cpufreq %s; cpuidle driver %s, governor %s, states %s", n,
+		or(read("cpu1/topology/thread_siblings_list"), "unknown"), freq, or(read("cpuidle/current_driver"), "unknown"),
+		or(read("cpuidle/current_governor"), or(read("cpuidle/current_governor_ro"), "unknown")), or(strings.Join(states, ", "), "none"))
 }
 
 func utsString(b []int8) string {
