@@ -23,11 +23,20 @@ type hostTiming struct {
 // spinning intervals.
 const hostSpin = 2 * time.Millisecond
 
-func (e *env) hostTiming() hostTiming {
+// hostTiming spends about 10 s (simulated) or 32 s on the roles, in
+// intervals of a second, or of two rounds of slices (six) where slices are
+// longer than a sixth of a second, and at least eight intervals, so that
+// each process runs each role both ways twice.
+func (e *env) hostTiming(slice time.Duration) hostTiming {
+	tm := hostTiming{intervals: 32, interval: time.Second, continuous: 4 * time.Second}
 	if e.o.Simulate {
-		return hostTiming{intervals: 8, interval: time.Second, continuous: 2 * time.Second}
+		tm = hostTiming{intervals: 8, interval: time.Second, continuous: 2 * time.Second}
 	}
-	return hostTiming{intervals: 32, interval: time.Second, continuous: 4 * time.Second}
+	if long := 6 * slice; long > tm.interval {
+		tm.intervals = max(8, int(time.Duration(tm.intervals)*tm.interval/long)/4*4)
+		tm.interval = long
+	}
+	return tm
 }
 
 // hostPaces is one hostpace.py process's work per slice ms in each role
@@ -105,7 +114,7 @@ func (hp hostPaces) largeOverSmall(wait string) []float64 {
 // scheduler; this row measures that apart from any GPU.
 func (e *env) checkHostPace(ctx context.Context, r *Result, slice time.Duration) {
 	const row = "host_pace"
-	tm := e.hostTiming()
+	tm := e.hostTiming(slice)
 	script := e.bundlePath("src", "hostpace.py")
 	start := time.Now().Add(2 * time.Second) // both interpreters up
 	total := time.Until(start) + time.Duration(tm.intervals)*tm.interval + tm.continuous

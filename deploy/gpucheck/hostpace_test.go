@@ -4,6 +4,7 @@ import (
 	"math"
 	"strings"
 	"testing"
+	"time"
 )
 
 // parseHostPace pools each role's intervals by their work over their
@@ -65,6 +66,23 @@ func TestRowAskedByWordsOfItsName(t *testing.T) {
 	} {
 		if got := rowAsked(c.words, c.name); got != c.want {
 			t.Errorf("rowAsked(%q, %q) = %v, want %v", c.words, c.name, got, c.want)
+		}
+	}
+}
+
+// The host row's intervals hold two rounds of slices at any slice the agent
+// takes (10ms-1s), in a multiple of four intervals of at least eight.
+func TestHostTimingFitsTheSlice(t *testing.T) {
+	for _, sim := range []bool{false, true} {
+		e := &env{o: Options{Simulate: sim}}
+		for _, slice := range []time.Duration{10 * time.Millisecond, 50 * time.Millisecond, 200 * time.Millisecond, time.Second} {
+			tm := e.hostTiming(slice)
+			if tm.interval < 6*slice || tm.intervals < 8 || tm.intervals%4 != 0 {
+				t.Errorf("simulate %v, slice %s: %d intervals of %s", sim, slice, tm.intervals, tm.interval)
+			}
+			if total := time.Duration(tm.intervals) * tm.interval; total > time.Minute {
+				t.Errorf("simulate %v, slice %s: %s on the roles, want a minute at most", sim, slice, total)
+			}
 		}
 	}
 }
