@@ -73,6 +73,8 @@ def run(role, spin, begin, end):
     base = begin
     while base < end:
         s, stop = base + lo, min(base + hi, end)
+        if s >= end:  # the interval ends before this phase begins
+            break
         wait_until(s, spin)
         n = 0
         while time.time() < stop:
