@@ -161,8 +161,9 @@ func (e *env) checkHostPace(ctx context.Context, r *Result, slice time.Duration)
 			return
 		}
 	}
-	// Each process against itself: processes differ in pace (by up to
-	// tenths here), a role's cost does not.
+	// Each process against itself: two processes doing the same work
+	// differ in pace (by up to a fifth on a loaded machine), a role's cost
+	// does not.
 	var sleeping, spinning, smallOverCont, largeOverCont []float64
 	for _, hp := range paces {
 		sleeping = append(sleeping, hp.largeOverSmall("sleep")...)
