@@ -171,26 +171,34 @@ func TestWeightedOnH200Model(t *testing.T) {
 // launching 5 us kernels, uses about what it uses ungated. Its slices are
 // never closed (nobody else waits), and its cost per launch must still be
 // measured: at the prior estimate (50 us a launch) each tick would release
-// a fifth of what the device runs until the next.
+// a fifth of what the device runs until the next. Each is measured twice,
+// in turns, and its better window kept: these launches are all host time,
+// and a loaded machine only ever slows a window (one ungated window ran at
+// three quarters of the gated one's pace before it).
 func TestShortKernelsAloneKeepTheDevice(t *testing.T) {
 	r := start(t, scheduler.GPUSettings{Policy: policy.Weighted, PolicySet: true})
-	work := []string{"--seconds", "4", "--kernels", "8", "--kernel-ns", "5000", "--progress"}
+	work := []string{"--seconds", "3", "--kernels", "8", "--kernel-ns", "5000", "--progress"}
 	rate := map[string]float64{}
-	for _, c := range []simrun.Container{named(claims("GPUWARDEN_COMPUTE_WEIGHT=2"), "gated", work),
-		{Name: "ungated", Args: work, Ungated: true}} {
-		spawn(t, r, c)
-		time.Sleep(time.Second)
-		t0 := time.Now()
-		time.Sleep(2 * time.Second)
-		if _, err := r.Wait(c.Name, 30*time.Second); err != nil {
-			t.Fatal(err)
-		}
-		var err error
-		if rate[c.Name], err = r.Rate(c.Name, t0, t0.Add(2*time.Second)); err != nil {
-			t.Fatal(err)
+	for round := 1; round <= 2; round++ {
+		for _, c := range []simrun.Container{named(claims("GPUWARDEN_COMPUTE_WEIGHT=2"), "gated", work),
+			{Name: "ungated", Args: work, Ungated: true}} {
+			kind := c.Name
+			c.Name = kind + strconv.Itoa(round)
+			spawn(t, r, c)
+			time.Sleep(500 * time.Millisecond)
+			t0 := time.Now()
+			time.Sleep(2 * time.Second)
+			if _, err := r.Wait(c.Name, 30*time.Second); err != nil {
+				t.Fatal(err)
+			}
+			x, err := r.Rate(c.Name, t0, t0.Add(2*time.Second))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("round %d, %s: %.0f images/s", round, kind, x)
+			rate[kind] = max(rate[kind], x)
 		}
 	}
-	t.Logf("images/s: %v", rate)
 	within(t, "gated/ungated images/s", rate["gated"]/rate["ungated"], 0.7, 1.3)
 }
 
