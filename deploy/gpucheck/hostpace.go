@@ -5,7 +5,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -171,14 +170,13 @@ func (e *env) checkHostPace(ctx context.Context, r *Result, slice time.Duration)
 		smallOverCont = append(smallOverCont, hp.pooled["small sleep"]/hp.pooled["continuous sleep"])
 		largeOverCont = append(largeOverCont, hp.pooled["large sleep"]/hp.pooled["continuous sleep"])
 	}
-	se := func(v []float64) float64 { return sdOf(v) / math.Sqrt(math.Max(float64(len(v)), 1)) }
 	aOverB := paces[0].pooled["continuous sleep"] / paces[1].pooled["continuous sleep"]
 	p := "shares_" + row
 	r.Bench(p+"_slice_ms", float64(slice)/1e6, "ms")
 	r.Bench(p+"_large_over_small", meanOf(sleeping), "ratio")
-	r.Bench(p+"_large_over_small_se", se(sleeping), "ratio")
+	r.Bench(p+"_large_over_small_se", seOf(sleeping), "ratio")
 	r.Bench(p+"_large_over_small_spinning", meanOf(spinning), "ratio")
-	r.Bench(p+"_large_over_small_spinning_se", se(spinning), "ratio")
+	r.Bench(p+"_large_over_small_spinning_se", seOf(spinning), "ratio")
 	r.Bench(p+"_small_over_continuous", meanOf(smallOverCont), "ratio")
 	r.Bench(p+"_large_over_continuous", meanOf(largeOverCont), "ratio")
 	r.Bench(p+"_pair_sd", sdOf(sleeping), "ratio")
@@ -187,6 +185,6 @@ func (e *env) checkHostPace(ctx context.Context, r *Result, slice time.Duration)
 		"(two slices in three) %.3f ± %.3f (standard error; %d pairs of intervals, sd %.3f) as fast per second of its slices as the smaller "+
 		"(one in three), and %.3f ± %.3f where each spun the last %s before its slices instead of sleeping; the smaller %.3f and the larger "+
 		"%.3f as fast as running without sleeping; process a ran %.3f as fast as b",
-		slice, tm.interval, meanOf(sleeping), se(sleeping), len(sleeping), sdOf(sleeping), meanOf(spinning), se(spinning), hostSpin,
+		slice, tm.interval, meanOf(sleeping), seOf(sleeping), len(sleeping), sdOf(sleeping), meanOf(spinning), seOf(spinning), hostSpin,
 		meanOf(smallOverCont), meanOf(largeOverCont), aOverB)
 }

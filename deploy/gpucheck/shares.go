@@ -491,7 +491,7 @@ func (e *env) shareRow(ctx context.Context, a *agent, controlDir string, devtime
 		}
 	}
 	r.Bench(p+"_ratio_sd", sd, "ratio")
-	r.Bench(p+"_ratio_se", sd/math.Sqrt(float64(len(ratios))), "ratio")
+	r.Bench(p+"_ratio_se", seOf(ratios), "ratio")
 	r.Bench(p+"_ratio_min", slices.Min(ratios), "ratio")
 	r.Bench(p+"_ratio_max", slices.Max(ratios), "ratio")
 	r.Bench(p+"_device_ratio", devMean, "ratio")
@@ -648,6 +648,11 @@ func sdOf(v []float64) float64 {
 		ss += (x - m) * (x - m)
 	}
 	return math.Sqrt(ss / float64(len(v)-1))
+}
+
+// seOf is the standard error of the mean.
+func seOf(v []float64) float64 {
+	return sdOf(v) / math.Sqrt(math.Max(float64(len(v)), 1))
 }
 
 func joinFloats(v []float64) string {
