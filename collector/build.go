@@ -307,8 +307,8 @@ func (j *joiner) finish(ledgers map[uint64]*ledger, rejected []*ledger, schedule
 			dir = l.dir
 		}
 		e.Namespace, e.Pod, e.Container = j.name(dir, e.CgroupPath)
-		if t := sched[k].Target; t > 0 {
-			e.ComputeLimit = t
+		if s, ok := sched[k]; ok && s.Target > 0 {
+			e.ComputeLimit, e.Scheduled = s.Target, true
 		}
 		e.ScheduledShare, e.ScheduledSeconds = sched[k].Achieved, sched[k].Charged
 		if e.ComputeShare > 1 {

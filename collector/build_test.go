@@ -5,8 +5,8 @@ import (
 	"testing"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
-
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
+	"github.com/gpuwarden/gpuwarden/enforcer/membership"
 )
 
 // TestLedgerOrdinalsLandOnTheirGPUs: a ledger's CUDA ordinals are the
@@ -201,4 +201,54 @@ func TestPerDeviceLaunchesLandOnTheirGPUs(t *testing.T) {
 	a, b = scrape(old)
 	check("minor 0", a, 10+110, 4)
 	check("minor 0", b, 0, 0)
+}
+
+// TestScheduledShareOnlyWhereTheSchedulerHoldsIt: a compute limit that only
+// a container's ledger claims is shown, but with no scheduler holding the
+// container there is no measured share to show: no series, rather than a
+// share of 0 that reads as a starved container.
+func TestScheduledShareOnlyWhereTheSchedulerHoldsIt(t *testing.T) {
+	raw := [16]byte{0x5a, 15: 1}
+	uuid := controlblock.UUIDString(raw)
+	c := New("node", "test", Sources{}, slog.New(slog.DiscardHandler))
+	metrics := func(sched map[membership.GPUKey]membership.Scheduled) map[string]float64 {
+		t.Helper()
+		j := &joiner{c: c, v: &View{}, entries: map[Key]*agentapi.ContainerDevice{}, uuids: map[int]string{0: uuid},
+			index: map[string]int{uuid: 0}, node: []string{uuid}, live: map[uint64]bool{}, procs: map[Key][]gpuProc{},
+			ordinals: map[Key]int{}, nvmlGPUs: map[uint64]map[int]bool{}, nvmlMem: map[Key]uint64{}, seenPIDs: map[int]gpuProc{}}
+		u := &controlblock.UsageSnapshot{NDev: 1, ClaimComputeLimit: 30, CgroupID: 7}
+		u.DevUUID[0], u.ReservedBytes[0] = raw, 1<<20
+		l := &ledger{dir: "c1", usage: u}
+		j.place(l)
+		j.finish(map[uint64]*ledger{7: l}, nil, sched)
+		fams, err := c.gather(j.v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]float64{}
+		for _, f := range fams {
+			for _, m := range f.GetMetric() {
+				out[f.GetName()] = m.GetGauge().GetValue() + m.GetCounter().GetValue()
+			}
+		}
+		return out
+	}
+
+	got := metrics(nil)
+	if got["gpuwarden_container_compute_limit_ratio"] != 0.3 {
+		t.Errorf("claimed limit %v, want 0.3; metrics %v", got["gpuwarden_container_compute_limit_ratio"], got)
+	}
+	for _, name := range []string{"gpuwarden_container_scheduled_share_ratio", "gpuwarden_container_scheduled_seconds_total"} {
+		if v, ok := got[name]; ok {
+			t.Errorf("no scheduler holds the container, yet %s = %v", name, v)
+		}
+	}
+
+	got = metrics(map[membership.GPUKey]membership.Scheduled{{Cgroup: 7, UUID: uuid}: {Target: 0.25, Achieved: 0.24, Charged: 3}})
+	if got["gpuwarden_container_compute_limit_ratio"] != 0.25 || got["gpuwarden_container_scheduled_share_ratio"] != 0.24 ||
+		got["gpuwarden_container_scheduled_seconds_total"] != 3 {
+		t.Errorf("held by the scheduler: limit, share, seconds %v, %v, %v; want 0.25, 0.24, 3",
+			got["gpuwarden_container_compute_limit_ratio"], got["gpuwarden_container_scheduled_share_ratio"],
+			got["gpuwarden_container_scheduled_seconds_total"])
+	}
 }

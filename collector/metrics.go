@@ -45,9 +45,9 @@ var (
 	descLimit = containerDesc("compute_limit_ratio",
 		"The container's target share of the device's time, 0-1; absent when it has none.")
 	descScheduled = containerDesc("scheduled_share_ratio",
-		"Share of the device's time the enforcer's scheduler measured the container take over about the last second, 0-1: on its own clock where it gates the container's launches (what it holds to compute_limit_ratio), NVML's where it does not; absent when the container has no target.")
+		"Share of the device's time the enforcer's scheduler measured the container take over about the last second, 0-1: on its own clock where it gates the container's launches (what it holds to compute_limit_ratio), NVML's where it does not; absent when no scheduler holds the container to a target.")
 	descScheduledSeconds = containerDesc("scheduled_seconds_total",
-		"Device time the enforcer's scheduler charged the container on its own clock (each slice from its start until the work launched in it ran); its rate over a window is the container's share on that clock. Absent when the container has no target.")
+		"Device time the enforcer's scheduler charged the container on its own clock (each slice from its start until the work launched in it ran); its rate over a window is the container's share on that clock. Absent when no scheduler holds the container to a target.")
 	descUnenforced = containerDesc("unenforced",
 		"1 while the container is in breach: GPU activity seen without the interposer, or what the node saw contradicts its ledger; else 0.")
 	descBreach = containerDesc("breach",

@@ -62,6 +62,8 @@ func (c *Collector) metrics(v *View, ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descShare, gauge, e.ComputeShare, l...)
 		if e.ComputeLimit > 0 {
 			ch <- prometheus.MustNewConstMetric(descLimit, gauge, e.ComputeLimit, l...)
+		}
+		if e.Scheduled { // a claimed limit no scheduler holds has no measure: no series, not a 0
 			ch <- prometheus.MustNewConstMetric(descScheduled, gauge, e.ScheduledShare, l...)
 			ch <- prometheus.MustNewConstMetric(descScheduledSeconds, counter, e.ScheduledSeconds, l...)
 		}

@@ -69,6 +69,10 @@ type ContainerDevice struct {
 	DeviceMismatches uint64  `json:"deviceMismatches"`
 	ComputeShare     float64 `json:"computeShare"` // 0-1, measured by NVML
 	ComputeLimit     float64 `json:"computeLimit"` // 0-1 target; 0: none
+	// Scheduled: the agent's scheduler holds the container to
+	// ComputeLimit on this GPU, and the two figures below are its. A limit
+	// the container's ledger claims but no scheduler holds leaves it false.
+	Scheduled bool `json:"scheduled"`
 	// ScheduledShare is the share the scheduler measured the container
 	// take over about the last second, 0-1: on the agent's own clock (each
 	// slice from its start until its work ran) where its launches are
