@@ -1485,9 +1485,11 @@ static double push_behind_kernel(int n, int launches) {
     for (; started < n && started < MAX_THREADS; started++) {
         p[started].s = s;
         p[started].launches = launches;
-        if (!CHECK_RC(cuEventCreate(&p[started].done, 0), OK) ||
-            !EXPECT(!pthread_create(&t[started], NULL, queue_push, &p[started]), "pthread_create failed"))
+        if (!CHECK_RC(cuEventCreate(&p[started].done, 0), OK)) break;
+        if (!EXPECT(!pthread_create(&t[started], NULL, queue_push, &p[started]), "pthread_create failed")) {
+            CHECK_RC(cuEventDestroy_v2(p[started].done), OK);
             break;
+        }
     }
     for (int i = 0; i < started; i++) {
         pthread_join(t[i], NULL);
