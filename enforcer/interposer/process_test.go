@@ -107,8 +107,9 @@ func TestMalformed(t *testing.T) {
 
 // TestCFuzzers builds the libFuzzer harnesses of the C environment parser,
 // the control-block checks, the remote protocol's frame decoder, the
-// /proc/self/cgroup parser and the TLS record reader, and runs them
-// briefly.
+// /proc/self/cgroup parser and the TLS record reader, warnings as errors
+// (an undeclared function's pointer result is cut to an int), and runs
+// them briefly.
 func TestCFuzzers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("fuzzing is not short")
@@ -130,7 +131,7 @@ func TestCFuzzers(t *testing.T) {
 		t.Run(h.harness, func(t *testing.T) {
 			t.Parallel() // each builds and runs alone: the machine's cores share them
 			bin := filepath.Join(t.TempDir(), strings.TrimSuffix(h.harness, ".c"))
-			args := append([]string{"-g", "-O1", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all", "-o", bin},
+			args := append([]string{"-g", "-O1", "-Wall", "-Werror", "-fsanitize=fuzzer,address,undefined", "-fno-sanitize-recover=all", "-o", bin},
 				inc...)
 			args = append(args, filepath.Join(dir, "fuzz", h.harness), filepath.Join(dir, h.src))
 			if out, err := runCmd("clang", args...); err != nil {

@@ -1,5 +1,6 @@
 /* libFuzzer harness for the interposer's /proc/self/cgroup parser: the
  * input is the file. */
+#define _GNU_SOURCE /* memmem */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
