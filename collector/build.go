@@ -2,6 +2,7 @@ package collector
 
 import (
 	"path/filepath"
+	"time"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
 	"github.com/gpuwarden/gpuwarden/enforcer/hostcgroup"
@@ -33,6 +34,13 @@ type joiner struct {
 	seenPIDs  map[int]gpuProc         // identified this time, kept for the next view
 }
 
+// newJoiner starts joining the view of time t, every map made.
+func (c *Collector) newJoiner(t time.Time) *joiner {
+	return &joiner{c: c, v: &View{Node: c.node, Time: t}, entries: map[Key]*agentapi.ContainerDevice{},
+		uuids: map[int]string{}, index: map[string]int{}, live: map[uint64]bool{}, procs: map[Key][]gpuProc{}, ordinals: map[Key]int{}, nvmlGPUs: map[uint64]map[int]bool{}, nvmlMem: map[Key]uint64{},
+		seenPIDs: map[int]gpuProc{}}
+}
+
 func (j *joiner) entry(cg uint64, gpu int) *agentapi.ContainerDevice {
 	k := Key{cg, gpu}
 	if e, ok := j.entries[k]; ok {
@@ -55,9 +63,7 @@ func (j *joiner) source(name string, err error) bool {
 
 // join makes a view of what read read.
 func (c *Collector) join(in *inputs) *View {
-	j := &joiner{c: c, v: &View{Node: c.node, Time: in.time}, entries: map[Key]*agentapi.ContainerDevice{},
-		uuids: map[int]string{}, index: map[string]int{}, live: map[uint64]bool{}, procs: map[Key][]gpuProc{}, ordinals: map[Key]int{}, nvmlGPUs: map[uint64]map[int]bool{}, nvmlMem: map[Key]uint64{},
-		seenPIDs: map[int]gpuProc{}}
+	j := c.newJoiner(in.time)
 	if c.src.NVML != nil && j.source("nvml", in.nvmlErr) {
 		for _, d := range in.devs {
 			j.uuids[d.Index], j.index[d.UUID] = d.UUID, d.Index
@@ -307,10 +313,11 @@ func (j *joiner) finish(ledgers map[uint64]*ledger, rejected []*ledger, schedule
 			dir = l.dir
 		}
 		e.Namespace, e.Pod, e.Container = j.name(dir, e.CgroupPath)
-		if s, ok := sched[k]; ok && s.Target > 0 {
+		s := sched[k]
+		if s.Target > 0 {
 			e.ComputeLimit, e.Scheduled = s.Target, true
 		}
-		e.ScheduledShare, e.ScheduledSeconds = sched[k].Achieved, sched[k].Charged
+		e.ScheduledShare, e.ScheduledSeconds = s.Achieved, s.Charged
 		if e.ComputeShare > 1 {
 			e.ComputeShare = 1
 		}

@@ -3,6 +3,7 @@ package collector
 import (
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/gpuwarden/gpuwarden/enforcer/agentapi"
 	"github.com/gpuwarden/gpuwarden/enforcer/controlblock"
@@ -16,9 +17,7 @@ import (
 func TestLedgerOrdinalsLandOnTheirGPUs(t *testing.T) {
 	var raw [4][16]byte
 	node := make([]string, 4)
-	j := &joiner{c: New("node", "test", Sources{}, slog.New(slog.DiscardHandler)), v: &View{},
-		entries: map[Key]*agentapi.ContainerDevice{}, uuids: map[int]string{}, index: map[string]int{},
-		live: map[uint64]bool{}, procs: map[Key][]gpuProc{}, ordinals: map[Key]int{}}
+	j := New("node", "test", Sources{}, slog.New(slog.DiscardHandler)).newJoiner(time.Time{})
 	for i := range raw {
 		raw[i] = [16]byte{0x5a, 15: byte(i)}
 		node[i] = controlblock.UUIDString(raw[i])
@@ -135,9 +134,7 @@ func TestSessionsNameRemoteClients(t *testing.T) {
 func TestPerDeviceLaunchesLandOnTheirGPUs(t *testing.T) {
 	var raw [3][16]byte
 	node := make([]string, 3)
-	j := &joiner{c: New("node", "test", Sources{}, slog.New(slog.DiscardHandler)), v: &View{},
-		entries: map[Key]*agentapi.ContainerDevice{}, uuids: map[int]string{}, index: map[string]int{},
-		live: map[uint64]bool{}, procs: map[Key][]gpuProc{}, ordinals: map[Key]int{}}
+	j := New("node", "test", Sources{}, slog.New(slog.DiscardHandler)).newJoiner(time.Time{})
 	for i := range raw {
 		raw[i] = [16]byte{0x5b, 15: byte(i)}
 		node[i] = controlblock.UUIDString(raw[i])
@@ -213,9 +210,8 @@ func TestScheduledShareOnlyWhereTheSchedulerHoldsIt(t *testing.T) {
 	c := New("node", "test", Sources{}, slog.New(slog.DiscardHandler))
 	metrics := func(sched map[membership.GPUKey]membership.Scheduled) map[string]float64 {
 		t.Helper()
-		j := &joiner{c: c, v: &View{}, entries: map[Key]*agentapi.ContainerDevice{}, uuids: map[int]string{0: uuid},
-			index: map[string]int{uuid: 0}, node: []string{uuid}, live: map[uint64]bool{}, procs: map[Key][]gpuProc{},
-			ordinals: map[Key]int{}, nvmlGPUs: map[uint64]map[int]bool{}, nvmlMem: map[Key]uint64{}, seenPIDs: map[int]gpuProc{}}
+		j := c.newJoiner(time.Time{})
+		j.uuids[0], j.index[uuid], j.node = uuid, 0, []string{uuid}
 		u := &controlblock.UsageSnapshot{NDev: 1, ClaimComputeLimit: 30, CgroupID: 7}
 		u.DevUUID[0], u.ReservedBytes[0] = raw, 1<<20
 		l := &ledger{dir: "c1", usage: u}
