@@ -114,6 +114,7 @@ func (hp hostPaces) largeOverSmall(wait string) []float64 {
 func (e *env) checkHostPace(ctx context.Context, r *Result, slice time.Duration) {
 	const row = "host_pace"
 	tm := e.hostTiming(slice)
+	spin := min(hostSpin, slice)
 	script := e.bundlePath("src", "hostpace.py")
 	start := time.Now().Add(2 * time.Second) // both interpreters up
 	total := time.Until(start) + time.Duration(tm.intervals)*tm.interval + tm.continuous
@@ -128,7 +129,7 @@ func (e *env) checkHostPace(ctx context.Context, r *Result, slice time.Duration)
 		argv := []string{e.python(), script, "--slice-ms", strconv.FormatFloat(float64(slice)/1e6, 'f', 3, 64),
 			"--start", strconv.FormatFloat(float64(start.UnixNano())/1e9, 'f', 3, 64), "--intervals", strconv.Itoa(tm.intervals),
 			"--interval-s", strconv.FormatFloat(tm.interval.Seconds(), 'f', 3, 64), "--continuous-s", strconv.FormatFloat(tm.continuous.Seconds(), 'f', 3, 64),
-			"--spin-ms", strconv.FormatFloat(float64(min(hostSpin, slice))/1e6, 'f', 3, 64)}
+			"--spin-ms", strconv.FormatFloat(float64(spin)/1e6, 'f', 3, 64)}
 		if i == 1 {
 			argv = append(argv, "--second")
 		}
@@ -185,6 +186,6 @@ func (e *env) checkHostPace(ctx context.Context, r *Result, slice time.Duration)
 		"(two slices in three) %.3f ± %.3f (standard error; %d pairs of intervals, sd %.3f) as fast per second of its slices as the smaller "+
 		"(one in three), and %.3f ± %.3f where each spun the last %s before its slices instead of sleeping; the smaller %.3f and the larger "+
 		"%.3f as fast as running without sleeping; process a ran %.3f as fast as b",
-		slice, tm.interval, meanOf(sleeping), seOf(sleeping), len(sleeping), sdOf(sleeping), meanOf(spinning), seOf(spinning), hostSpin,
+		slice, tm.interval, meanOf(sleeping), seOf(sleeping), len(sleeping), sdOf(sleeping), meanOf(spinning), seOf(spinning), spin,
 		meanOf(smallOverCont), meanOf(largeOverCont), aOverB)
 }
